@@ -1,0 +1,68 @@
+# The course's commands. `make setup` once, then `make test`; learners use `make lab` and `make grade`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+# Tests run with the venv first on PATH so nbgrader/jupyter find the right kernel.
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: setup test test-fast lab release grade autograde book book-instructor bench lock clean help
+
+help:
+	@echo "make setup      create .venv and install the pinned environment (idempotent)"
+	@echo "make test       run the whole test suite"
+	@echo "make lab        open JupyterLab on notebooks/"
+	@echo "make grade      grade your notebooks (or: make grade DIR=path)"
+	@echo "make release    regenerate notebooks/ (learner edition) from solutions/"
+	@echo "make autograde SUBMISSIONS=dir   instructor: nbgrader autograde + feedback + grades.csv"
+	@echo "make book       build the HTML book into book/_build/html"
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (paged-kv-course)" >/dev/null
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -n 2 --dist loadgroup -q
+
+test-fast: setup
+	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow and not browser"
+
+lab: setup
+	$(BIN)/jupyter lab notebooks/
+
+release: setup
+	$(PY) -m engine.course.release
+
+DIR ?= notebooks
+grade: setup
+	$(PY) -m engine.course.grade $(DIR)
+
+SUBMISSIONS ?= submissions
+autograde: setup
+	$(PY) -m engine.course.autograde $(SUBMISSIONS)
+
+book: setup
+	$(PY) -m engine.course.book
+
+book-instructor: setup
+	$(PY) -m engine.course.book --instructor
+
+bench: setup
+	$(PY) -m engine bench
+
+# Re-resolve constraints.txt from requirements.txt (needs the registry).
+lock:
+	rm -rf /tmp/pkv-lock && $(PYTHON) -m venv /tmp/pkv-lock
+	/tmp/pkv-lock/bin/pip install -q -r requirements.txt
+	{ echo "# The resolved environment (pip freeze on Linux, Python 3.11), used as constraints by make setup."; \
+	  echo "# Regenerate: make lock"; \
+	  /tmp/pkv-lock/bin/pip freeze | grep -v -i -E "^(torch|triton)=="; } > constraints.txt
+
+clean:
+	rm -rf book/_build .pytest_cache

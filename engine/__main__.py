@@ -1,0 +1,30 @@
+"""`python -m engine COMMAND`: each command lives in its own module, imported only when used."""
+import argparse
+import importlib
+import sys
+
+# command -> (module with add_arguments(parser) and main(args), one-line help)
+COMMANDS = {
+    "generate": ("engine.generate", "generate text with the tiny model or a Hugging Face checkpoint"),
+    "paged": ("engine.demos.paged", "static slots vs paged blocks: how much reserved KV memory holds tokens"),
+    "fork": ("engine.demos.fork", "fork a prompt 4 ways: blocks shared, then copied on write"),
+    "prefix": ("engine.demos.prefix", "8 requests sharing a system prompt: prefill and blocks saved"),
+    "bench-alloc": ("engine.demos.bench_alloc", "allocator cost per operation from 1k to 1M blocks"),
+    "bench": ("engine.serve.bench", "continuous batching: paged vs static slots under one KV budget"),
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.set_defaults(module_name=module_name)
+        if name in sys.argv[1:2] or (argv and name in argv[:1]):
+            importlib.import_module(module_name).add_arguments(command)
+    args = parser.parse_args(argv)
+    return importlib.import_module(args.module_name).main(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
