@@ -1,0 +1,106 @@
+"""Attention over the paged KV pool: `paged_attention` picks the torch reference or a Triton kernel.
+
+Importing this package is cheap and needs no Triton: the kernel modules (triton_decode,
+triton_prefill) are imported only when a Triton backend is first used. Triton ships Linux wheels
+only, so on macOS or Windows everything but the kernels works.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import torch
+
+KERNEL_MODULES = ("engine.attention.triton_decode", "engine.attention.triton_prefill")
+BACKENDS = ("auto", "torch", "triton")
+
+
+class TritonUnavailable(RuntimeError):
+    """Triton is not installed here, so the Triton backend cannot run."""
+
+
+def triton_installed() -> bool:
+    """Whether `import triton` would succeed, checked without importing it."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def require_triton() -> None:
+    """Raise TritonUnavailable, saying where the kernels can run, when Triton is not installed."""
+    if not triton_installed():
+        raise TritonUnavailable(
+            f"backend='triton' needs the triton package, which is not installed for this Python ({sys.platform}). "
+            "Triton ships Linux wheels only: run the kernel chapter on Linux, in WSL2 on Windows, or in a hosted "
+            "notebook (Colab, Kaggle). backend='torch' computes the same attention everywhere."
+        )
+
+
+def use_interpreter_without_gpu() -> bool:
+    """Set TRITON_INTERPRET=1 when there is no CUDA device, so the kernels run on the CPU; returns whether it is on.
+
+    Triton reads the switch when a kernel is *defined* (@triton.jit), so it must be set before
+    the kernel modules are imported; once they exist compiled, setting it changes nothing.
+    """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    if torch.cuda.is_available():
+        return False
+    defined = [name for name in KERNEL_MODULES if name in sys.modules]
+    if defined:
+        raise RuntimeError(
+            f"{', '.join(defined)} were imported without TRITON_INTERPRET=1 on a machine without CUDA, so their "
+            "kernels are compiled for a GPU that is not there. Set TRITON_INTERPRET=1 before the first import of "
+            "triton or engine.attention's kernels (e.g. at the top of the notebook or in the shell), then restart."
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True
+
+
+def prepare_triton() -> bool:
+    """Check Triton is installed and choose interpreter or GPU; the kernel modules call it before `import triton`."""
+    require_triton()
+    return use_interpreter_without_gpu()
+
+
+def choose_num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: int, device: torch.device) -> int:
+    """Split-K count for decode: split only when (sequence, KV head) programs cannot fill the GPU's SMs.
+
+    Uses the block table's width as the context bound, so it never reads lengths off the GPU.
+    """
+    if device.type != "cuda":
+        return 1
+    programs = batch * kv_heads
+    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count  # ~2 programs per SM
+    if programs >= target:
+        return 1
+    by_occupancy = -(-target // programs)
+    by_length = (max_blocks * block_size) // 512  # a slice shorter than ~512 keys costs more to merge than it saves
+    return max(1, min(by_occupancy, by_length, 16))
+
+
+def paged_attention(q, k_pool, v_pool, block_tables, q_positions, kv_lens, backend: str = "auto",
+                    num_splits: int | None = None) -> torch.Tensor:
+    """Attention of q [B, Hq, T, D] over each row's paged history; returns [B, Hq, T, D].
+
+    k_pool, v_pool [N, Hkv, block_size, D]; block_tables [B, M] int; q_positions [B, T] long
+    (-1 for padding); kv_lens [B] long. backend "auto" runs Triton on CUDA tensors (when
+    installed) and torch otherwise. T == 1 uses the decode kernel (split-K when num_splits > 1,
+    or when the heuristic picks it), longer T the prefill kernel.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = "triton" if q.is_cuda and triton_installed() else "torch"
+    if backend == "torch":
+        from engine.attention.paged_reference import paged_attention_reference
+        return paged_attention_reference(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
+    prepare_triton()
+    if q.ndim == 4 and q.shape[2] == 1:
+        from engine.attention.triton_decode import paged_decode
+        if num_splits is None:
+            num_splits = choose_num_splits(q.shape[0], k_pool.shape[1], block_tables.shape[-1],
+                                           k_pool.shape[2], q.device)
+        return paged_decode(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_splits=num_splits)
+    from engine.attention.triton_prefill import paged_prefill
+    return paged_prefill(q, k_pool, v_pool, block_tables, q_positions, kv_lens)

@@ -1,0 +1,242 @@
+"""Paged decode attention in Triton: each sequence's one new query reads its history through the block table.
+
+One program per (sequence, KV head) handles every query head of that KV group at once, so each
+key and value tile is loaded from memory once and used by the whole group (grouped-query
+attention makes decode memory-bound; loading K/V once per group is the whole game).
+
+Split-K (flash-decoding): when there are too few (sequence, KV head) programs to fill the GPU,
+each program takes one slice of the history and writes a partial result (m, l, acc); a second
+kernel merges the slices by log-sum-exp.
+
+`attend_pages` is the inner loop shared with the prefill kernel (triton_prefill.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.attention import prepare_triton
+
+INTERPRETED = prepare_triton()  # before `import triton`: kernels are interpreted or compiled when defined
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from engine.attention.paged_reference import check_paged_inputs  # noqa: E402
+
+MIN_DOT = 16  # tl.dot needs every tile side >= 16 to compile on a GPU (the interpreter accepts less)
+
+
+@triton.jit
+def attend_pages(q, row_last, k_pool, v_pool, table_row, kv_head, start, stop, head_dim,
+                 s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
+                 ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 D_PAD: tl.constexpr, PRECISION: tl.constexpr):
+    """Online softmax of q's rows over key positions [start, stop), read through one block table.
+
+    q [ROWS, D_PAD] is float32 and already scaled; row r may see positions <= row_last[r]
+    (-1: nothing). Returns the running max m, the sum of exponentials l and the unnormalized
+    output acc = sum_j exp(s_j - m) v_j, all float32, so a caller can normalize or merge them.
+    """
+    dims = tl.arange(0, D_PAD)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D_PAD], tl.float32)
+    for tile_start in range(start, stop, BLOCK_N):
+        pos = tile_start + tl.arange(0, BLOCK_N)
+        in_range = pos < stop  # the tail: slots past the sequence's end hold garbage, never read them
+        # The indirection: logical position p lives in physical block table[p // bs], at slot p % bs.
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+        slot = pos % BLOCK_SIZE
+        kv_mask = in_range[:, None] & (dims[None, :] < head_dim)
+        k_addr = k_pool + block[:, None] * s_kn + kv_head * s_kh + slot[:, None] * s_ks + dims[None, :] * s_kd
+        v_addr = v_pool + block[:, None] * s_vn + kv_head * s_vh + slot[:, None] * s_vs + dims[None, :] * s_vd
+        # Cast right after the load: all arithmetic below is float32 (the interpreter mangles bf16 math).
+        k = tl.load(k_addr, mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_N, D_PAD]
+        v = tl.load(v_addr, mask=kv_mask, other=0.0).to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [ROWS, BLOCK_N]
+        visible = in_range[None, :] & (pos[None, :] <= row_last[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        # A row that has seen nothing yet keeps m = -inf; subtract 0 instead so exp gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        # Online softmax: scores so far were exponentiated against the old max; rescale them to the new one.
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        m = m_new
+    return m, l, acc
+
+
+@triton.jit
+def load_query_group(q_ptr, seq, kv_head, group, head_dim, scale, s_qb, s_qh, s_qd,
+                     GROUP_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """The decode query of every head in one KV group as a scaled float32 [GROUP_PAD, D_PAD] tile (pad rows 0)."""
+    member = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, D_PAD)
+    heads = kv_head * group + member  # query head h reads KV head h // group
+    mask = (member[:, None] < group) & (dims[None, :] < head_dim)
+    q = tl.load(q_ptr + seq * s_qb + heads[:, None] * s_qh + dims[None, :] * s_qd, mask=mask, other=0.0)
+    return q.to(tl.float32) * scale
+
+
+@triton.jit
+def paged_decode_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv_lens_ptr, out_ptr,
+                        group, head_dim, scale,
+                        s_qb, s_qh, s_qd, s_ob, s_oh, s_od, s_tb,
+                        s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
+                        GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        D_PAD: tl.constexpr, PRECISION: tl.constexpr):
+    """Grid (B, Hkv): one program attends every query head of one KV group over one whole sequence."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q = load_query_group(q_ptr, seq, kv_head, group, head_dim, scale, s_qb, s_qh, s_qd, GROUP_PAD, D_PAD)
+    # The query at position p sees keys j <= p that are stored (j < kv_len); padding (p = -1) sees none.
+    last = tl.minimum(tl.load(q_pos_ptr + seq), tl.load(kv_lens_ptr + seq) - 1)
+    stop = tl.maximum(last + 1, 0)
+    row_last = tl.zeros([GROUP_PAD], tl.int64) + last
+    m, l, acc = attend_pages(q, row_last, k_pool, v_pool, tables_ptr + seq * s_tb, kv_head, 0, stop, head_dim,
+                             s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
+                             GROUP_PAD, BLOCK_SIZE, BLOCK_N, D_PAD, PRECISION)
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # a padding row saw nothing: write 0, not 0/0
+    member = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, D_PAD)
+    heads = kv_head * group + member
+    mask = (member[:, None] < group) & (dims[None, :] < head_dim)
+    tl.store(out_ptr + seq * s_ob + heads[:, None] * s_oh + dims[None, :] * s_od,
+             out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def paged_decode_split_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv_lens_ptr,
+                              m_ptr, l_ptr, acc_ptr,
+                              group, head_dim, scale, num_splits,
+                              s_qb, s_qh, s_qd, s_tb,
+                              s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
+                              GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                              D_PAD: tl.constexpr, PRECISION: tl.constexpr):
+    """Grid (B, Hkv, splits): one program attends one KV group over one slice of the history.
+
+    Writes the slice's unnormalized partials m, l [B, Hq, S] and acc [B, Hq, S, D]; a slice
+    past the end of a short sequence writes m = -inf, l = 0, acc = 0 (an empty split).
+    """
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q = load_query_group(q_ptr, seq, kv_head, group, head_dim, scale, s_qb, s_qh, s_qd, GROUP_PAD, D_PAD)
+    last = tl.minimum(tl.load(q_pos_ptr + seq), tl.load(kv_lens_ptr + seq) - 1)
+    visible = tl.maximum(last + 1, 0)
+    # Slices are whole tiles long, so every tile a program loads starts on a tile boundary.
+    per_split = tl.cdiv(tl.cdiv(visible, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    stop = tl.minimum(start + per_split, visible)
+    row_last = tl.zeros([GROUP_PAD], tl.int64) + last
+    m, l, acc = attend_pages(q, row_last, k_pool, v_pool, tables_ptr + seq * s_tb, kv_head, start, stop, head_dim,
+                             s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
+                             GROUP_PAD, BLOCK_SIZE, BLOCK_N, D_PAD, PRECISION)
+    member = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, D_PAD)
+    heads = kv_head * group + member
+    row = (seq * tl.num_programs(1) * group + heads) * num_splits + split  # index into [B, Hq, S]
+    is_head = member < group
+    tl.store(m_ptr + row, m, mask=is_head)
+    tl.store(l_ptr + row, l, mask=is_head)
+    tl.store(acc_ptr + row[:, None] * D_PAD + dims[None, :], acc, mask=is_head[:, None])
+
+
+@triton.jit
+def merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, num_heads, num_splits, head_dim,
+                        s_ob, s_oh, s_od, SPLITS_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """Grid (B, Hq): combine the split partials of one query head into its output by log-sum-exp."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, D_PAD)
+    row = (seq * num_heads + head) * num_splits + splits
+    is_split = splits < num_splits
+    m = tl.load(m_ptr + row, mask=is_split, other=float("-inf"))
+    l = tl.load(l_ptr + row, mask=is_split, other=0.0)
+    acc = tl.load(acc_ptr + row[:, None] * D_PAD + dims[None, :], mask=is_split[:, None], other=0.0)
+    # Skip empty splits (l = 0, m = -inf): they saw no keys and must get weight 0, not exp(-inf - -inf) = NaN.
+    used = l > 0
+    m_all = tl.max(tl.where(used, m, float("-inf")), axis=0)
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # every split empty: a padding row, output 0
+    # Each split's sums were taken against its own max m_s; exp(m_s - m_all) rescales them to the global max.
+    weight = tl.where(used, tl.exp(m - m_all), 0.0)
+    total = tl.sum(weight * l, axis=0)
+    out = tl.sum(weight[:, None] * acc, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + seq * s_ob + head * s_oh + dims * s_od, out.to(out_ptr.dtype.element_ty),
+             mask=dims < head_dim)
+
+
+def tile_sizes(block_size: int, head_dim: int, group: int) -> tuple[int, int, int]:
+    """(BLOCK_N, D_PAD, GROUP_PAD): key tile, padded head dim and padded group, all powers of 2 and >= 16."""
+    d_pad = max(MIN_DOT, triton.next_power_of_2(head_dim))
+    group_pad = max(MIN_DOT, triton.next_power_of_2(group))
+    # About 4K elements per K tile: 32 keys at head_dim 128, 64 at 64; at least one whole block.
+    block_n = max(MIN_DOT, triton.next_power_of_2(block_size), min(64, 4096 // d_pad))
+    return block_n, d_pad, group_pad
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot precision: exact fp32 for fp32 inputs; tf32 is exact for fp16/bf16 values and faster."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def check_runnable(q: torch.Tensor) -> None:
+    """Raise when these kernels cannot run on q's device: compiled kernels need CUDA tensors."""
+    if q.device.type != "cuda" and not INTERPRETED:
+        raise RuntimeError(
+            f"the Triton kernels were compiled for a GPU but the tensors are on {q.device}; move them to CUDA, "
+            "or set TRITON_INTERPRET=1 before engine.attention's kernels are imported to run them on the CPU"
+        )
+
+
+def paged_decode(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_splits: int = 1,
+                 block_n: int | None = None) -> torch.Tensor:
+    """Decode attention of q [B, Hq, 1, D] over the paged pools; returns [B, Hq, 1, D] in q's dtype.
+
+    num_splits > 1 runs the split-K variant: each sequence's history is cut into that many
+    slices, attended in parallel, then merged.
+    """
+    check_paged_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
+    if q.shape[2] != 1:
+        raise ValueError(f"decode takes one query per sequence (T=1), got T={q.shape[2]}")
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    check_runnable(q)
+    batch, q_heads, _, head_dim = q.shape
+    kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
+    group = q_heads // kv_heads
+    tile_n, d_pad, group_pad = tile_sizes(block_size, head_dim, group)
+    block_n = block_n or tile_n
+    if block_n < MIN_DOT or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of 2 >= {MIN_DOT}, got {block_n}")
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    scale = 1.0 / math.sqrt(head_dim)
+    shared = dict(GROUP_PAD=group_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n, D_PAD=d_pad,
+                  PRECISION=dot_precision(q.dtype))
+    pool_strides = (*k_pool.stride(), *v_pool.stride())
+    q_strides = (q.stride(0), q.stride(1), q.stride(3))
+    if num_splits == 1:
+        paged_decode_kernel[(batch, kv_heads)](
+            q, k_pool, v_pool, block_tables, q_positions, kv_lens, out,
+            group, head_dim, scale, *q_strides, out.stride(0), out.stride(1), out.stride(3),
+            block_tables.stride(0), *pool_strides, **shared)
+        return out
+    # Partials in float32; acc rows are D_PAD wide so the merge can load them without a dim stride.
+    m = torch.empty(batch, q_heads, num_splits, device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    acc = torch.empty(batch, q_heads, num_splits, d_pad, device=q.device, dtype=torch.float32)
+    paged_decode_split_kernel[(batch, kv_heads, num_splits)](
+        q, k_pool, v_pool, block_tables, q_positions, kv_lens, m, l, acc,
+        group, head_dim, scale, num_splits, *q_strides, block_tables.stride(0), *pool_strides, **shared)
+    merge_splits_kernel[(batch, q_heads)](
+        m, l, acc, out, q_heads, num_splits, head_dim, out.stride(0), out.stride(1), out.stride(3),
+        SPLITS_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad)
+    return out

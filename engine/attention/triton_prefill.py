@@ -1,0 +1,81 @@
+"""Paged prefill attention in Triton: a tile of new queries attends causally to its sequence's paged history.
+
+By the time the kernel runs, the cache has already written the new tokens' K/V into the pool,
+so "history plus new tokens" is one paged range, 0..kv_len-1. Each query row gets its own
+causal limit (its position), and padding rows (position -1) see nothing. The inner loop is the
+decode kernel's `attend_pages`; only the per-row limits differ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.attention import prepare_triton
+
+INTERPRETED = prepare_triton()  # before `import triton`: kernels are interpreted or compiled when defined
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from engine.attention.paged_reference import check_paged_inputs  # noqa: E402
+from engine.attention.triton_decode import MIN_DOT, attend_pages, check_runnable, dot_precision, tile_sizes  # noqa: E402
+
+
+@triton.jit
+def paged_prefill_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv_lens_ptr, out_ptr,
+                         steps, group, head_dim, scale,
+                         s_qb, s_qh, s_qt, s_qd, s_ob, s_oh, s_ot, s_od, s_tb, s_pb, s_pt,
+                         s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
+                         BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                         D_PAD: tl.constexpr, PRECISION: tl.constexpr):
+    """Grid (B, Hq, query tiles): BLOCK_M queries of one head of one sequence over its paged keys."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, D_PAD)
+    in_batch = rows < steps
+    mask = in_batch[:, None] & (dims[None, :] < head_dim)
+    q = tl.load(q_ptr + seq * s_qb + head * s_qh + rows[:, None] * s_qt + dims[None, :] * s_qd, mask=mask, other=0.0)
+    q = q.to(tl.float32) * scale
+    # Row r sees keys j <= its position that are stored (j < kv_len); padding rows (position -1) see none.
+    kv_len = tl.load(kv_lens_ptr + seq)
+    positions = tl.load(q_pos_ptr + seq * s_pb + rows * s_pt, mask=in_batch, other=-1)
+    row_last = tl.minimum(positions, kv_len - 1)
+    stop = tl.maximum(tl.max(row_last, axis=0) + 1, 0)  # keys past the tile's last query are never needed
+    m, l, acc = attend_pages(q, row_last, k_pool, v_pool, tables_ptr + seq * s_tb, head // group, 0, stop,
+                             head_dim, s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
+                             BLOCK_M, BLOCK_SIZE, BLOCK_N, D_PAD, PRECISION)
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # padding rows saw nothing: write 0, not 0/0
+    tl.store(out_ptr + seq * s_ob + head * s_oh + rows[:, None] * s_ot + dims[None, :] * s_od,
+             out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def paged_prefill(q, k_pool, v_pool, block_tables, q_positions, kv_lens, block_m: int | None = None,
+                  block_n: int | None = None) -> torch.Tensor:
+    """Causal attention of q [B, Hq, T, D] (ragged rows, position -1 = padding) over the paged pools.
+
+    Returns [B, Hq, T, D] in q's dtype; padding rows come back as zeros.
+    """
+    check_paged_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
+    check_runnable(q)
+    batch, q_heads, steps, head_dim = q.shape
+    kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
+    tile_n, d_pad, _ = tile_sizes(block_size, head_dim, 1)
+    block_n = block_n or tile_n
+    block_m = block_m or max(MIN_DOT, min(64, triton.next_power_of_2(steps)))
+    for name, size in (("block_m", block_m), ("block_n", block_n)):
+        if size < MIN_DOT or size & (size - 1):
+            raise ValueError(f"{name} must be a power of 2 >= {MIN_DOT}, got {size}")
+    out = torch.empty_like(q)
+    if batch == 0 or steps == 0:
+        return out
+    grid = (batch, q_heads, triton.cdiv(steps, block_m))
+    paged_prefill_kernel[grid](
+        q, k_pool, v_pool, block_tables, q_positions, kv_lens, out,
+        steps, q_heads // kv_heads, head_dim, 1.0 / math.sqrt(head_dim),
+        *q.stride(), *out.stride(), block_tables.stride(0), *q_positions.stride(),
+        *k_pool.stride(), *v_pool.stride(),
+        BLOCK_M=block_m, BLOCK_SIZE=block_size, BLOCK_N=block_n, D_PAD=d_pad, PRECISION=dot_precision(q.dtype))
+    return out
