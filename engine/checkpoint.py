@@ -1,0 +1,103 @@
+"""Checkpoints in Hugging Face's layout: load a directory, or make a tiny seeded one with no download."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.config import ModelConfig
+from engine.model import Qwen3Model
+
+# Keys some exporters add that carry no weights of their own.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+TINY = ModelConfig(vocab_size=260, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=16, intermediate_size=128, rms_norm_eps=1e-6, rope_theta=10_000.0,
+                   tie_word_embeddings=False, max_position_embeddings=4096,
+                   bos_token_id=256, eos_token_id=257)
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """The course's tiny Qwen3 shape (2 layers, 4 query heads over 2 KV heads), with overrides."""
+    return replace(TINY, **overrides)
+
+
+def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> Qwen3Model:
+    """A tiny model with seeded random weights, scaled so its logits are far from ties."""
+    model = Qwen3Model(tiny_config(**overrides))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
+            elif param.dim() == 2 and "embed" not in name:      # a linear layer: keep activations O(1)
+                param.copy_(torch.randn(param.shape, generator=generator) / param.shape[1] ** 0.5)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator))
+    return model.to(dtype).eval()
+
+
+def hf_state_dict(model: Qwen3Model) -> dict[str, torch.Tensor]:
+    """The model's tensors under Hugging Face's key names (model.* plus lm_head)."""
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if name.startswith("lm_head."):
+            if model.config.tie_word_embeddings:
+                continue                      # tied: the checkpoint stores the embedding once
+            tensors[name] = tensor.contiguous()
+        else:
+            tensors[f"model.{name}"] = tensor.contiguous()
+    return tensors
+
+
+def save_checkpoint(model: Qwen3Model, path: str | Path) -> Path:
+    """Write config.json and model.safetensors, the way a Hugging Face Qwen3 checkpoint stores them."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2))
+    save_file(hf_state_dict(model), str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+def write_tiny_checkpoint(path: str | Path, seed: int = 0, **overrides) -> Path:
+    """Make a tiny seeded checkpoint directory, so tests and notebooks need no download."""
+    return save_checkpoint(tiny_model(seed, **overrides), path)
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory: one model.safetensors or a sharded index."""
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.exists():
+        return load_file(str(single))
+    if index.exists():
+        tensors = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            tensors.update(load_file(str(path / shard)))
+        return tensors
+    raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Qwen3Model:
+    """Load a Hugging Face Qwen3 checkpoint directory; every tensor is checked by name and shape."""
+    path = Path(path)
+    config = ModelConfig.from_json(path)
+    model = Qwen3Model(config)
+    expected = hf_state_dict(model)
+    found = {k: v for k, v in read_tensors(path).items() if not k.endswith(IGNORED_SUFFIXES)}
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise KeyError(f"checkpoint {path} lacks tensor {missing[0]!r} (shape {tuple(expected[missing[0]].shape)})"
+                       + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected:
+        raise KeyError(f"checkpoint {path} has tensor {unexpected[0]!r} that a Qwen3 of this config does not use")
+    for key, tensor in found.items():
+        if tensor.shape != expected[key].shape:
+            raise ValueError(f"checkpoint tensor {key!r} has shape {tuple(tensor.shape)}, "
+                             f"config.json implies {tuple(expected[key].shape)}")
+    own = {key.removeprefix("model."): tensor for key, tensor in found.items()}
+    model.load_state_dict(own, strict=not config.tie_word_embeddings)
+    return model.to(device=device, dtype=dtype).eval()

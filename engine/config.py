@@ -1,0 +1,108 @@
+"""ModelConfig: the handful of numbers that fix a Qwen3-style model, read from a HF config.json."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a decoder-only transformer with grouped-query attention (Qwen3 / Llama family)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 40_960
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"config: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"config: num_attention_heads {self.num_heads} is not a multiple of "
+                             f"num_key_value_heads {self.num_kv_heads}")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads that share one KV head."""
+        return self.num_heads // self.num_kv_heads
+
+    def kv_bytes_per_token(self, dtype: torch.dtype = torch.float16) -> int:
+        """Bytes of KV cache one token costs: K and V, in every layer, for every KV head."""
+        bytes_per_value = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "ModelConfig":
+        """Read the fields of a Hugging Face config.json dict (Qwen3 or Llama style)."""
+        missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                               "intermediate_size") if k not in hf]
+        if missing:
+            raise ValueError(f"config.json lacks required field(s): {', '.join(missing)}")
+        heads = hf["num_attention_heads"]
+        # rope theta sits at the top level in older configs and inside rope_parameters in newer ones.
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        theta = hf.get("rope_theta", rope.get("rope_theta", 10_000.0))
+        eos = hf.get("eos_token_id")
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            intermediate_size=hf["intermediate_size"],
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            max_position_embeddings=hf.get("max_position_embeddings", 40_960),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "ModelConfig":
+        """Load a config.json file (or the config.json inside a checkpoint directory)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            raise FileNotFoundError(f"no config.json at {path}")
+        return cls.from_hf(json.loads(path.read_text()))
+
+    def to_hf(self) -> dict:
+        """The config.json a Hugging Face Qwen3 checkpoint of this shape would carry."""
+        d = asdict(self)
+        return {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "vocab_size": d["vocab_size"],
+            "hidden_size": d["hidden_size"],
+            "num_hidden_layers": d["num_layers"],
+            "num_attention_heads": d["num_heads"],
+            "num_key_value_heads": d["num_kv_heads"],
+            "head_dim": d["head_dim"],
+            "intermediate_size": d["intermediate_size"],
+            "rms_norm_eps": d["rms_norm_eps"],
+            "rope_theta": d["rope_theta"],
+            "tie_word_embeddings": d["tie_word_embeddings"],
+            "max_position_embeddings": d["max_position_embeddings"],
+            "bos_token_id": d["bos_token_id"],
+            "eos_token_id": d["eos_token_id"],
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "torch_dtype": "float32",
+        }

@@ -1,0 +1,136 @@
+"""The simple generation loop: a batch of prompts, from scratch or through any cache.
+
+From scratch (cache=None) recomputes every sequence in full at every step. It is slow on purpose:
+it is the ground truth that every cached path in the course must reproduce.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from engine.sampling import SamplingParams, sample
+
+
+def pack(rows: Sequence[Sequence[int]], starts: Sequence[int],
+         device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged rows of token ids -> (token_ids, positions) [B, T]; row b starts at position starts[b].
+
+    Short rows are padded with token 0 at position -1, which the model and caches skip.
+    """
+    width = max((len(r) for r in rows), default=0)
+    token_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    positions = torch.full((len(rows), width), -1, dtype=torch.long)
+    for b, (row, start) in enumerate(zip(rows, starts)):
+        token_ids[b, :len(row)] = torch.tensor(list(row), dtype=torch.long)
+        positions[b, :len(row)] = torch.arange(start, start + len(row))
+    return token_ids.to(device), positions.to(device)
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def scratch_logits(model, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Logits of every position of every sequence, recomputed from nothing: [len_i, vocab] each."""
+    token_ids, positions = pack(sequences, [0] * len(sequences), model_device(model))
+    logits = model(token_ids, positions)
+    return [logits[b, :len(seq)] for b, seq in enumerate(sequences)]
+
+
+def cached_step(model, cache, seqs: Sequence[int], new_tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """One forward through `cache`: append new_tokens[b] to sequence seqs[b]; logits [n_b, vocab] each.
+
+    Room is reserved before any compute, so a full cache raises here and changes nothing.
+    """
+    for seq, tokens in zip(seqs, new_tokens):
+        cache.reserve(seq, len(tokens))
+    cache.set_batch(list(seqs))
+    token_ids, positions = pack(new_tokens, [cache.length(s) for s in seqs], model_device(model))
+    logits = model(token_ids, positions, cache)
+    return [logits[b, :len(tokens)] for b, tokens in enumerate(new_tokens)]
+
+
+@dataclass
+class Generation:
+    """What one prompt produced: the new tokens, why it stopped, and (optionally) each step's logits."""
+
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str = "length"
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+
+def generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] = None,
+             cache=None, keep_logits: bool = False) -> list[Generation]:
+    """Generate for a batch of prompts; the same call with cache=None recomputes from scratch."""
+    params = params or SamplingParams()
+    params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    if len(params) != len(prompts) or any(len(p) == 0 for p in prompts):
+        raise ValueError("give one SamplingParams per prompt, and no empty prompt")
+    eos = model.config.eos_token_id
+    generators = [p.generator() for p in params]
+    results = [Generation() for _ in prompts]
+    live = [i for i, p in enumerate(params) if p.max_tokens > 0]
+    if cache is not None:
+        for i in live:
+            cache.create(i)
+    pending = {i: list(prompts[i]) for i in live}         # tokens not yet seen by the model
+    try:
+        while live:
+            if cache is None:
+                every = scratch_logits(model, [list(prompts[i]) + results[i].tokens for i in live])
+                last = [rows[-1] for rows in every]
+            else:
+                last = [rows[-1] for rows in cached_step(model, cache, live, [pending[i] for i in live])]
+            still = []
+            for i, row in zip(live, last):
+                token = sample(row, params[i], generators[i])
+                out = results[i]
+                out.tokens.append(token)
+                if keep_logits:
+                    out.logits.append(row.clone())
+                if token == eos and not params[i].ignore_eos:
+                    out.finish_reason = "stop"
+                elif len(out.tokens) < params[i].max_tokens:
+                    still.append(i)
+                    pending[i] = [token]
+            live = still
+    finally:
+        if cache is not None:
+            for i, p in enumerate(params):
+                if p.max_tokens > 0:
+                    cache.free(i)
+    return results
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny", help="'tiny' (seeded, no download) or a checkpoint directory")
+    parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache", choices=["none", "static"], default="static")
+
+
+def main(args: argparse.Namespace) -> int:
+    """`python -m engine generate`: print each prompt's continuation."""
+    from engine.cache.static import StaticKVCache
+    from engine.checkpoint import load_model, tiny_model
+    from engine.tokenizer import load_tokenizer
+
+    model = tiny_model() if args.model == "tiny" else load_model(args.model)
+    tokenizer = load_tokenizer(None if args.model == "tiny" else args.model, model.config.eos_token_id)
+    prompts = [tokenizer.encode(p) for p in args.prompt]
+    params = [SamplingParams(args.temperature, args.top_k, args.top_p, args.max_tokens, args.seed + i)
+              for i in range(len(prompts))]
+    cache = None
+    if args.cache == "static":
+        capacity = max(len(p) for p in prompts) + args.max_tokens
+        cache = StaticKVCache(model.config, len(prompts), capacity, next(model.parameters()).dtype)
+    for prompt, out in zip(args.prompt, generate(model, prompts, params, cache)):
+        print(f"{prompt!r} -> {tokenizer.decode(out.tokens)!r} ({out.finish_reason}, {len(out.tokens)} tokens)")
+    return 0

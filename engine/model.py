@@ -1,0 +1,132 @@
+"""Qwen3, small and readable: RMSNorm, RoPE, grouped-query attention with q/k norm, SwiGLU.
+
+Module names follow the Hugging Face checkpoint keys, so a state dict loads without renaming.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.attention.reference import attention
+from engine.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """Scale each vector to unit root-mean-square, then by a learned weight (computed in float32)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding of x [B, H, T, D] at positions [B, T] (the half-split convention)."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / theta ** (torch.arange(0, half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.clamp(min=0).float()[:, None, :, None] * inv_freq          # [B, 1, T, D/2]
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.float()[..., :half], x.float()[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention; new K/V go through the cache when there is one."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)    # Qwen3: per-head norm of q and k
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
+        cfg, (batch, tokens, _) = self.cfg, x.shape
+        q = self.q_norm(self.q_proj(x).view(batch, tokens, cfg.num_heads, cfg.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(batch, tokens, cfg.num_kv_heads, cfg.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(batch, tokens, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = rotate(q, positions, cfg.rope_theta), rotate(k, positions, cfg.rope_theta)
+        if cache is None:                      # from scratch: the batch is the whole history
+            out = attention(q, k, v, positions, (positions >= 0).sum(-1))
+        elif hasattr(cache, "attend"):         # the cache brings its own attention (e.g. a paged kernel)
+            out = cache.attend(self.layer, q, k, v, positions)
+        else:                                  # protocol path: store, read the history back, attend
+            keys, values, kv_lens = cache.update(self.layer, k, v, positions)
+            out = attention(q, keys, values, positions, kv_lens)
+        return self.o_proj(out.transpose(1, 2).flatten(2))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3Model(nn.Module):
+    """The whole model: token ids and positions in, next-token logits out."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
+        """token_ids, positions [B, T] (position -1 = padding) -> logits [B, T, vocab] in float32.
+
+        Without a cache every row must be a whole sequence: positions 0, 1, 2, ... then padding.
+        """
+        if token_ids.shape != positions.shape or token_ids.dim() != 2:
+            raise ValueError(f"token_ids {tuple(token_ids.shape)} and positions {tuple(positions.shape)} "
+                             "must both be [batch, tokens]")
+        if cache is None:
+            check_from_scratch_positions(positions)
+        x = self.embed_tokens(token_ids.clamp(min=0))
+        for layer in self.layers:
+            x = layer(x, positions, cache)
+        return self.lm_head(self.norm(x)).float()
+
+
+def check_from_scratch_positions(positions: torch.Tensor) -> None:
+    """Without a cache, key index = position, so each row must read 0, 1, 2, ... then -1 padding."""
+    expected = torch.arange(positions.shape[1], device=positions.device).expand_as(positions)
+    valid = positions >= 0
+    if not torch.equal(torch.where(valid, positions, -1), torch.where(valid, expected, -1)) or \
+            not torch.equal(valid, expected < valid.sum(-1, keepdim=True)):
+        raise ValueError("without a cache each row must hold a whole sequence: positions 0..n-1, "
+                         "then -1 padding")
