@@ -1,0 +1,65 @@
+"""Slot math: where logical position `p` of a sequence lives in a pool of fixed-size blocks.
+
+A sequence's block table maps logical block `p // block_size` to a physical block; inside that
+block the token sits at offset `p % block_size`. Flattening (block, offset) gives one slot index,
+`table[p // bs] * bs + p % bs`, the number a kernel uses to address a pool `[num_blocks * bs, ...]`.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def check_block_size(block_size) -> int:
+    """Return block_size if it is a positive int; otherwise raise a ValueError naming the value."""
+    # bool is a subclass of int, but block_size=True is always a mistake.
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    return block_size
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """How many blocks hold num_tokens tokens: the ceiling of num_tokens / block_size."""
+    check_block_size(block_size)
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    return -(-num_tokens // block_size)
+
+
+def physical_slot(table: Sequence[int], pos: int, block_size: int) -> tuple[int, int]:
+    """(physical block, offset inside it) of logical position pos, read through the block table."""
+    check_block_size(block_size)
+    if not 0 <= pos < len(table) * block_size:
+        raise IndexError(f"position {pos} is outside the {len(table)} block(s) of this table "
+                         f"({len(table) * block_size} slots of block_size {block_size})")
+    return table[pos // block_size], pos % block_size
+
+
+def slot_index(table: Sequence[int], pos: int, block_size: int) -> int:
+    """The flat slot of position pos: table[pos // block_size] * block_size + pos % block_size."""
+    block, offset = physical_slot(table, pos, block_size)
+    return block * block_size + offset
+
+
+def slot_mapping(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Flat slots [B, T] for positions [B, T] through block_tables [B, M]; padding (-1) stays -1.
+
+    The caller guarantees every valid position falls inside its row's table (reserve did that).
+    """
+    check_block_size(block_size)
+    if block_tables.dim() != 2 or positions.dim() != 2 or block_tables.shape[0] != positions.shape[0]:
+        raise ValueError(f"block_tables {tuple(block_tables.shape)} and positions {tuple(positions.shape)} "
+                         "must be [B, M] and [B, T] with the same B")
+    valid = positions >= 0
+    safe = positions.clamp(min=0)               # padding reads column 0, then is masked back to -1
+    columns = safe // block_size
+    if bool((columns[valid] >= block_tables.shape[1]).any()):
+        longest = int(positions.max())
+        raise IndexError(f"position {longest} needs block column {longest // block_size}, but the "
+                         f"block tables have {block_tables.shape[1]} column(s)")
+    if block_tables.shape[1] == 0:              # nothing but padding, and no blocks to look up
+        return torch.full_like(positions, -1)
+    blocks = torch.gather(block_tables.long(), 1, columns)
+    slots = blocks * block_size + safe % block_size
+    return torch.where(valid, slots, torch.full_like(slots, -1))
