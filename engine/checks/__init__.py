@@ -1,0 +1,166 @@
+"""The graded checks, shared by the notebooks' test cells and `make grade`.
+
+A check takes the learner's object (a function or a class), exercises it, on its own and plugged
+into the real engine, and either prints one line starting with a tick or raises `CheckFailed`.
+The message of a failure is written for the learner: what the check did, what it expected, what
+came back, and a hint where to look. A check never depends on how the learner laid out their code,
+only on the names and behaviour the chapter asks for.
+
+Every public check is wrapped in `@check`, which turns the two ways unfinished code fails into
+plain failures: a stub's `NotImplementedError` becomes "not implemented yet", and any other
+exception becomes "crashed with ...", naming the function and line where it happened.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import traceback
+from typing import Any, Callable, NoReturn
+
+import torch
+
+__all__ = [
+    "CheckFailed",
+    "check",
+    "fail",
+    "expect_equal",
+    "expect_raises",
+    "compare_logits",
+    "passed",
+    "ATOL",
+]
+
+# Logits of the cached and the from-scratch path come from different reduction orders, so they are
+# compared with a tolerance, in float32 (never bitwise).
+ATOL = 1e-5
+
+_CHECKS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class CheckFailed(AssertionError):
+    """A check found a difference. The message says what was expected, what came back, and a hint."""
+
+
+def fail(what: str, expected: Any = None, got: Any = None, hint: str | None = None) -> NoReturn:
+    """Raise `CheckFailed` with a message in plain words.
+
+    `what` describes the situation ("after allocate(3) on a pool of 8 blocks, num_free"); when
+    `expected` or `got` is given, the message continues "expected X, got Y".
+    """
+    message = what
+    if expected is not None or got is not None:
+        message += f": expected {_show(expected)}, got {_show(got)}"
+    if hint:
+        message += f". Hint: {hint}"
+    raise CheckFailed(message)
+
+
+def expect_equal(got: Any, expected: Any, what: str, hint: str | None = None) -> None:
+    """Fail unless `got == expected` (lists, tuples and ints compared as plain values)."""
+    if _plain(got) != _plain(expected):
+        fail(what, expected, got, hint)
+
+
+def expect_raises(errors: type | tuple, action: Callable[[], Any], what: str, hint: str | None = None):
+    """Run `action`, which must raise one of `errors`; return the exception.
+
+    A stub's NotImplementedError still reads "not implemented yet" (it propagates to `@check`).
+    """
+    try:
+        result = action()
+    except NotImplementedError:
+        raise
+    except errors as exc:
+        return exc
+    except Exception as exc:  # the wrong kind of error is a failure worth naming
+        names = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
+        fail(what, f"{names} to be raised", f"{type(exc).__name__}: {exc}", hint)
+    names = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
+    fail(what, f"{names} to be raised", f"no error (it returned {_show(result)})", hint)
+
+
+def compare_logits(got: torch.Tensor, expected: torch.Tensor, what: str, first_position: int = 0,
+                   hint: str | None = None, atol: float = ATOL) -> float:
+    """Fail unless two `[n, vocab]` logit tensors agree within `atol`; return the largest difference.
+
+    `first_position` is the sequence position of row 0, so the message can name the position where
+    the two runs first part ways.
+    """
+    got = torch.as_tensor(got).detach().to("cpu", torch.float32)
+    expected = torch.as_tensor(expected).detach().to("cpu", torch.float32)
+    if got.shape != expected.shape:
+        fail(f"{what}: the logits have the wrong shape", tuple(expected.shape), tuple(got.shape), hint)
+    if not torch.isfinite(got).all():
+        row = int((~torch.isfinite(got)).any(dim=-1).nonzero()[0])
+        fail(f"{what}: the logits at position {first_position + row} are not finite (NaN or inf)",
+             hint=hint)
+    diff = (got - expected).abs()
+    worst = float(diff.max()) if diff.numel() else 0.0
+    if worst > atol:
+        row = int((diff.amax(dim=-1) > atol).nonzero()[0])
+        fail(f"{what}: the logits differ from a from-scratch run of the same sequence at position "
+             f"{first_position + row}: max |Δ| {worst:.3g} (allowed {atol:g})", hint=hint)
+    return worst
+
+
+def passed(message: str) -> None:
+    """Print the line a check prints when everything held."""
+    print(f"✓ {message}")
+
+
+def check(fn: Callable) -> Callable:
+    """Make a check report unfinished or crashing learner code as a plain `CheckFailed`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+        except CheckFailed:
+            raise
+        except NotImplementedError as exc:
+            where = _learner_frame(exc)
+            raise CheckFailed(f"{fn.__name__}: {where} is not implemented yet (it raised "
+                              f"NotImplementedError). Write it, run its cell again, then this one.") from exc
+        except Exception as exc:
+            where = _learner_frame(exc)
+            raise CheckFailed(f"{fn.__name__}: the code under test crashed in {where} with "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+    wrapper.is_check = True
+    return wrapper
+
+
+def _learner_frame(exc: BaseException) -> str:
+    """Name the innermost frame of the traceback that is not inside torch or the checks."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    for tb in reversed(frames):
+        code = tb.tb_frame.f_code
+        path = os.path.abspath(code.co_filename)
+        if path.startswith(_CHECKS_DIR) or f"{os.sep}torch{os.sep}" in path or "site-packages" in path:
+            continue
+        name = getattr(code, "co_qualname", code.co_name)
+        return f"{name} (line {tb.tb_lineno})"
+    summary = traceback.extract_tb(exc.__traceback__)
+    return summary[-1].name if summary else "your code"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return repr(_plain(value))

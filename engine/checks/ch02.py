@@ -1,0 +1,431 @@
+"""Chapter 2's checks: slot math, the refcounted block allocator, and the allocator inside the engine.
+
+Each check takes the learner's function or class. The slot math is compared with the arithmetic it
+must implement (`table[p // bs]`, `p % bs`); the allocator is driven through scripted workloads and
+compared with a model of what its refcounts must be; the decisive check plugs the allocator into the
+engine's `PagedKVCache` and compares every logit with a from-scratch run of the same model.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import torch
+
+from engine.cache.errors import BlockRefError, OutOfBlocks
+from engine.checks import ATOL, check, compare_logits, expect_equal, expect_raises, fail, passed
+
+# Block sizes and lengths where slot math goes wrong: one short of a block, a full block, one past.
+BLOCK_SIZES = (1, 2, 4, 16)
+
+
+def _boundary_lengths(bs: int) -> list[int]:
+    return sorted({1, bs - 1, bs, bs + 1, 2 * bs, 2 * bs + 1, 3 * bs + 2} - {0})
+
+
+def _table_for(length: int, bs: int, seed: int) -> list[int]:
+    """A block table in scrambled physical order, long enough for `length` tokens."""
+    count = -(-length // bs)
+    rng = random.Random(seed)
+    return rng.sample(range(100, 100 + 4 * count + 4), count)
+
+
+# --------------------------------------------------------------------------------------------------
+# slot math
+# --------------------------------------------------------------------------------------------------
+
+@check
+def check_physical_slot(physical_slot) -> None:
+    """`physical_slot(table, pos, bs) -> (block, offset)`: the worked example, then every boundary."""
+    got = physical_slot([5, 1, 7], 9, 4)
+    expect_equal(tuple(got) if isinstance(got, (tuple, list)) else got, (7, 1),
+                 "physical_slot([5, 1, 7], 9, 4), the worked example: position 9 with blocks of 4",
+                 "position 9 is in logical block 9 // 4 = 2, which the table maps to physical block 7, "
+                 "at offset 9 % 4 = 1")
+    cases = 1
+    for bs in BLOCK_SIZES:
+        for length in _boundary_lengths(bs):
+            table = _table_for(length, bs, seed=length * 31 + bs)
+            for pos in sorted({0, length - 1, max(length - 2, 0)}):
+                want = (table[pos // bs], pos % bs)
+                got = physical_slot(list(table), pos, bs)
+                got = tuple(got) if isinstance(got, (tuple, list)) else got
+                expect_equal(got, want, f"physical_slot(table={table}, pos={pos}, bs={bs})",
+                             _boundary_hint(pos, bs))
+                cases += 1
+    passed(f"physical_slot: {cases} positions, including the last slot of a block and the first of "
+           f"the next; table [5, 1, 7], position 9, bs 4 -> block 7, offset 1")
+
+
+@check
+def check_slot_index(slot_index) -> None:
+    """`slot_index(table, pos, bs)`: the flat index of a position's slot in the pool."""
+    expect_equal(slot_index([5, 1, 7], 9, 4), 7 * 4 + 1,
+                 "slot_index([5, 1, 7], 9, 4): block 7, offset 1, blocks of 4 slots",
+                 "the flat slot is block * bs + offset")
+    checked = 1
+    for bs in BLOCK_SIZES:
+        for length in _boundary_lengths(bs):
+            table = _table_for(length, bs, seed=length * 17 + bs)
+            slots = []
+            for pos in range(length):
+                want = table[pos // bs] * bs + pos % bs
+                got = slot_index(list(table), pos, bs)
+                expect_equal(got, want, f"slot_index(table={table}, pos={pos}, bs={bs})",
+                             _boundary_hint(pos, bs))
+                slots.append(got)
+                checked += 1
+            if len(set(slots)) != len(slots):
+                fail(f"slot_index gave two positions of one sequence (length {length}, bs {bs}) the same "
+                     f"slot", hint="each position must land in its own slot")
+    passed(f"slot_index: {checked} positions across block sizes {list(BLOCK_SIZES)}, every slot "
+           f"distinct; table [5, 1, 7], position 9, bs 4 -> slot 29")
+
+
+@check
+def check_blocks_needed(blocks_needed) -> None:
+    """`blocks_needed(n, bs)`: the ceiling of n / bs, 0 for an empty sequence."""
+    expect_equal(blocks_needed(0, 16), 0, "blocks_needed(0, 16): an empty sequence",
+                 "no tokens need no blocks")
+    checked = 1
+    for bs in BLOCK_SIZES:
+        for n in _boundary_lengths(bs):
+            want = -(-n // bs)
+            expect_equal(blocks_needed(n, bs), want, f"blocks_needed({n}, {bs})",
+                         f"{n} tokens fill {n // bs} whole block(s) of {bs}"
+                         + (f" and start one more" if n % bs else ", with no partial block"))
+            checked += 1
+    passed(f"blocks_needed: {checked} lengths, including bs-1, bs, bs+1 and 2bs+1; 40 tokens in "
+           f"blocks of 16 need {blocks_needed(40, 16)}")
+
+
+@check
+def check_slot_mapping(slot_mapping) -> None:
+    """`slot_mapping(block_tables [B, M], positions [B, T], bs) -> slots [B, T]`, -1 where padding."""
+    bs = 4
+    tables = torch.tensor([[5, 1, 7], [2, 9, 0], [3, 0, 0]], dtype=torch.long)
+    positions = torch.tensor([[8, 9, 10, 11],
+                              [3, 4, -1, -1],
+                              [0, 1, 2, 3]], dtype=torch.long)
+    want = torch.tensor([[28, 29, 30, 31],
+                         [11, 36, -1, -1],
+                         [12, 13, 14, 15]], dtype=torch.long)
+    got = slot_mapping(tables.clone(), positions.clone(), bs)
+    if not isinstance(got, torch.Tensor):
+        fail("slot_mapping must return a tensor", "a torch.Tensor of shape [3, 4]", type(got).__name__)
+    expect_equal(tuple(got.shape), (3, 4), "slot_mapping on a batch of 3 rows of 4 positions: shape")
+    for b in range(3):
+        for t in range(4):
+            if int(got[b, t]) != int(want[b, t]):
+                pos = int(positions[b, t])
+                what = (f"slot_mapping, row {b} (table {tables[b].tolist()}), position {pos}, bs {bs}")
+                hint = ("position -1 is padding: it has no slot, mark it -1" if pos < 0
+                        else _boundary_hint(pos, bs))
+                fail(what, int(want[b, t]), int(got[b, t]), hint)
+    passed("slot_mapping: a ragged batch of 3 rows, across a block boundary, padding mapped to -1")
+
+
+def _boundary_hint(pos: int, bs: int) -> str:
+    if pos % bs == 0 and pos > 0:
+        return (f"position {pos} is the FIRST slot of logical block {pos // bs}, not the last of block "
+                f"{pos // bs - 1}: use pos // bs and pos % bs, with no +1 or -1")
+    if pos % bs == bs - 1:
+        return f"position {pos} is the LAST slot of logical block {pos // bs}: offset {bs - 1}"
+    return "logical block = pos // bs, offset = pos % bs, physical block = table[logical block]"
+
+
+# --------------------------------------------------------------------------------------------------
+# the allocator
+# --------------------------------------------------------------------------------------------------
+
+def _refcounts(allocator, blocks) -> dict[int, int]:
+    return {b: allocator.refcount(b) for b in blocks}
+
+
+def _new(cls, num_blocks: int):
+    allocator = cls(num_blocks)
+    expect_equal(allocator.num_blocks, num_blocks, f"BlockAllocator({num_blocks}).num_blocks")
+    expect_equal(allocator.num_free, num_blocks, f"a fresh BlockAllocator({num_blocks}): num_free",
+                 "every block starts on the free list")
+    return allocator
+
+
+@check
+def check_allocator_basics(cls) -> None:
+    """allocate hands out distinct blocks with refcount 1; share and release move the count."""
+    allocator = _new(cls, 8)
+    got = allocator.allocate(3)
+    if not isinstance(got, list) or len(got) != 3:
+        fail("allocate(3) on a fresh pool of 8", "a list of 3 block ids", got)
+    if len(set(got)) != 3 or not all(isinstance(b, int) and 0 <= b < 8 for b in got):
+        fail("allocate(3) on a fresh pool of 8", "3 distinct ints in 0..7", got,
+             "take each block off the free list as you hand it out")
+    expect_equal(allocator.num_free, 5, "after allocate(3) on a pool of 8: num_free")
+    for b in got:
+        expect_equal(allocator.refcount(b), 1, f"refcount of newly allocated block {b}",
+                     "a block handed out belongs to exactly one table")
+    single = allocator.allocate()
+    if not isinstance(single, list) or len(single) != 1 or single[0] in got:
+        fail("allocate() with the default n=1 after allocate(3)", "a list with one new block id", single)
+    a, rest = got[0], got[1:] + single
+    allocator.share(a)
+    expect_equal(allocator.refcount(a), 2, f"after share({a}): refcount({a})",
+                 "share adds one reference: a second table now names the block")
+    expect_equal(allocator.num_free, 4, f"after share({a}): num_free", "sharing allocates nothing")
+    allocator.release(a)
+    expect_equal(allocator.refcount(a), 1, f"after share({a}) then release({a}): refcount({a})")
+    expect_equal(allocator.num_free, 4, f"after release({a}) with one reference left: num_free",
+                 "a block returns to the free list only when its refcount reaches 0")
+    allocator.release(a)
+    expect_equal(allocator.refcount(a), 0, f"after the last release({a}): refcount({a})")
+    expect_equal(allocator.num_free, 5, f"after the last release({a}): num_free",
+                 "at refcount 0 the block goes back on the free list")
+    for b in rest:
+        allocator.release(b)
+    expect_equal(allocator.num_free, 8, "after releasing every block: num_free")
+    everything = allocator.allocate(8)
+    expect_equal(sorted(everything), list(range(8)), "allocate(8) after everything was released",
+                 "every block must be handed out exactly once: is a released block put back twice, "
+                 "or one never put back?")
+    expect_equal(allocator.num_free, 0, "after allocating the whole pool: num_free")
+    passed("allocator basics: distinct blocks with refcount 1, share 1 -> 2, release 2 -> 1 -> 0, "
+           "free list refilled, the whole pool allocatable again")
+
+
+@check
+def check_allocator_errors(cls) -> None:
+    """Exhaustion is all-or-nothing and says how many blocks; double free and share-of-free raise."""
+    allocator = _new(cls, 6)
+    held = allocator.allocate(4)
+    allocator.share(held[0])
+    before = _refcounts(allocator, range(6))
+    exc = expect_raises(OutOfBlocks, lambda: allocator.allocate(3),
+                        "allocate(3) with only 2 blocks free",
+                        "raise engine.cache.errors.OutOfBlocks(wanted, free) before touching anything")
+    expect_equal((getattr(exc, "wanted", None), getattr(exc, "free", None)), (3, 2),
+                 "the OutOfBlocks of allocate(3) with 2 free: its (wanted, free)",
+                 "OutOfBlocks(wanted=3, free=2) tells the scheduler how short it is")
+    after = _refcounts(allocator, range(6))
+    if after != before or allocator.num_free != 2:
+        changed = {b: (before[b], after[b]) for b in range(6) if before[b] != after[b]}
+        fail("a failed allocate(3) with 2 blocks free must change nothing",
+             f"refcounts {before} and num_free 2",
+             f"refcounts {after} and num_free {allocator.num_free}"
+             + (f" (block: (before, after) = {changed})" if changed else ""),
+             "check there are enough free blocks BEFORE taking any: a half-done allocation leaks "
+             "the blocks it took, since no table will ever release them")
+    last = allocator.allocate(2)
+    expect_equal(allocator.num_free, 0, "after the failed allocate(3), allocate(2) still works: num_free")
+    for b in last:
+        allocator.release(b)
+
+    victim = held[1]
+    allocator.release(victim)
+    exc = expect_raises(BlockRefError, lambda: allocator.release(victim),
+                        f"a double free: release({victim}) when block {victim} is already free",
+                        "raise engine.cache.errors.BlockRefError(block, message); a silent double free "
+                        "puts the block on the free list twice and two sequences will get it")
+    expect_equal(getattr(exc, "block", None), victim, "the BlockRefError of the double free: its .block")
+    if str(victim) not in str(exc):
+        fail("the message of the double-free BlockRefError should name the block",
+             f"a message mentioning block {victim}", repr(str(exc)))
+    expect_equal(allocator.refcount(victim), 0, f"after the rejected double free: refcount({victim})",
+                 "a rejected release must not push the count below 0")
+    expect_equal(allocator.num_free, 3, "after the rejected double free: num_free",
+                 "a rejected release must not put the block on the free list again")
+    exc = expect_raises(BlockRefError, lambda: allocator.share(victim),
+                        f"share({victim}) of a free block",
+                        "sharing a free block would let a table name a block the allocator may hand "
+                        "to someone else; raise BlockRefError")
+    expect_equal(getattr(exc, "block", None), victim, "the BlockRefError of share-of-a-free-block: its .block")
+    expect_equal(allocator.refcount(victim), 0, f"after the rejected share({victim}): refcount({victim})")
+    passed("allocator errors: OutOfBlocks(wanted=3, free=2) with every refcount left alone; "
+           f"double free of block {victim} and share of a free block raise BlockRefError naming it")
+
+
+@check
+def check_refcounts_balance(cls, steps: int = 300, seed: int = 0) -> None:
+    """Leak detection: a random workload of grow / fork / free, compared op by op with the true counts.
+
+    The true refcount of a block is the number of block tables naming it; after every operation the
+    allocator must agree, and once every table is gone the whole pool must be free again.
+    """
+    num_blocks = 24
+    allocator = _new(cls, num_blocks)
+    rng = random.Random(seed)
+    tables: dict[int, list[int]] = {}
+    next_id = 0
+    log: list[str] = []
+
+    def truth() -> dict[int, int]:
+        counts = {b: 0 for b in range(num_blocks)}
+        for table in tables.values():
+            for b in table:
+                counts[b] += 1
+        return counts
+
+    for step in range(steps):
+        free_now = allocator.num_free
+        action = rng.choice(["grow", "grow", "fork", "free"] if tables else ["grow"])
+        if action == "grow":
+            seq = rng.choice(list(tables)) if tables and rng.random() < 0.6 else None
+            n = rng.randint(1, 3)
+            if n > free_now:
+                action = "free"
+            else:
+                if seq is None:
+                    seq, next_id = next_id, next_id + 1
+                    tables[seq] = []
+                tables[seq] += allocator.allocate(n)
+                log.append(f"allocate({n}) for sequence {seq}")
+        if action == "fork":
+            parent = rng.choice(list(tables))
+            tables[next_id] = list(tables[parent])
+            for b in tables[next_id]:
+                allocator.share(b)
+            log.append(f"fork sequence {parent} (blocks {tables[parent]}) into {next_id}: share each block")
+            next_id += 1
+        if action == "free" and tables:
+            seq = rng.choice(list(tables))
+            blocks = tables.pop(seq)
+            for b in blocks:
+                allocator.release(b)
+            log.append(f"free sequence {seq}: release blocks {blocks}")
+        _compare_counts(allocator, truth(), log)
+
+    for seq in list(tables):
+        blocks = tables.pop(seq)
+        for b in blocks:
+            allocator.release(b)
+        log.append(f"free sequence {seq}: release blocks {blocks}")
+        _compare_counts(allocator, truth(), log)
+    expect_equal(allocator.num_free, num_blocks,
+                 f"after {len(log)} operations and freeing every sequence: num_free",
+                 "blocks went missing: a block whose refcount reaches 0 must go back on the free list")
+    again = allocator.allocate(num_blocks)
+    expect_equal(sorted(again), list(range(num_blocks)),
+                 "allocate(all) after freeing every sequence", "each block must come back exactly once")
+    passed(f"refcount balance: {len(log)} grow/fork/free operations, every refcount equal to the "
+           f"number of tables naming the block, no leak at the end")
+
+
+def _compare_counts(allocator, counts: dict[int, int], log: list[str]) -> None:
+    for b, want in counts.items():
+        got = allocator.refcount(b)
+        if got != want:
+            recent = "; ".join(log[-3:])
+            if got > want:
+                hint = ("a reference was counted but never dropped (a leak): does release decrement, "
+                        "and does allocate set the count to 1 rather than adding to it?")
+            else:
+                hint = ("a reference was dropped too early: a block still named by a table could be "
+                        "handed to another sequence (a use after free); does share increment?")
+            fail(f"after step {len(log)} ({recent}): refcount({b}), the number of tables naming block {b}",
+                 want, got, hint)
+    free_truth = sum(1 for c in counts.values() if c == 0)
+    if allocator.num_free != free_truth:
+        fail(f"after step {len(log)} ({log[-1]}): num_free, the number of blocks no table names",
+             free_truth, allocator.num_free,
+             "num_free must count exactly the blocks whose refcount is 0"
+             + (": some block at refcount 0 never went back on the free list"
+                if allocator.num_free < free_truth else ""))
+
+
+# --------------------------------------------------------------------------------------------------
+# the decisive check: the learner's allocator inside the engine
+# --------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _model(seed: int = 0):
+    from engine.checkpoint import tiny_model
+    return tiny_model(seed=seed)
+
+
+def _prompt(length: int, seed: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (length,), generator=generator).tolist()
+
+
+@check
+def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, seed: int = 0) -> None:
+    """Plug the allocator into PagedKVCache and compare logits with from-scratch runs.
+
+    A ragged batch (lengths bs-1, bs, bs+1, 2bs+1) is prefilled, one sequence is forked and its parent
+    freed, a newcomer is admitted into the released blocks, and everyone decodes; at every step each
+    sequence's logits must equal those of a from-scratch run of its whole sequence.
+    """
+    from engine.cache.paged import PagedKVCache
+    from engine.generate import cached_step, scratch_logits
+
+    model = _model(0)
+    allocator = _new(cls, num_blocks)
+    # Scramble the physical order: take every block, give them back shuffled.
+    order = allocator.allocate(num_blocks)
+    random.Random(seed).shuffle(order)
+    for b in order:
+        allocator.release(b)
+    expect_equal(allocator.num_free, num_blocks, "after allocating the whole pool and releasing it: num_free")
+    cache = PagedKVCache(model.config, num_blocks, block_size=block_size, dtype=torch.float32,
+                         device="cpu", allocator=allocator)
+    bs = block_size
+    lengths = [bs - 1, bs, bs + 1, 2 * bs + 1]
+    prompts = {i: _prompt(n, seed=100 + i) for i, n in enumerate(lengths)}
+    seqs: dict[int, list[int]] = {s: [] for s in prompts}
+
+    def step(active: list[int], new: dict[int, list[int]], stage: str, hint: str) -> None:
+        for s in active:
+            seqs[s] = seqs[s] + new[s]
+        got = cached_step(model, cache, active, [new[s] for s in active])
+        want = scratch_logits(model, [seqs[s] for s in active])
+        for s, g, w in zip(active, got, want):
+            n = len(new[s])
+            compare_logits(g, w[-n:], f"with your BlockAllocator in PagedKVCache, {stage}, sequence {s} "
+                           f"({len(seqs[s])} tokens)", first_position=len(seqs[s]) - n, hint=hint)
+
+    for s in seqs:
+        cache.create(s)
+    step(list(seqs), prompts, "after prefilling a ragged batch of lengths " + str(lengths),
+         "two sequences may have been handed the same block: does allocate take each block off the "
+         "free list?")
+    owners: dict[int, int] = {}
+    for s, table in cache.tables.items():
+        for b in table:
+            if b in owners:
+                fail(f"after prefill, block {b} is in the tables of both sequence {owners[b]} and "
+                     f"sequence {s}", hint="allocate handed out a block that was not free")
+            owners[b] = s
+
+    # Fork the longest sequence, free its parent: the child's blocks must survive with refcount 1.
+    parent, child = 3, 4
+    cache.fork(parent, child)
+    seqs[child] = list(seqs[parent])
+    shared = list(cache.tables[child])
+    cache.free(parent)
+    del seqs[parent]
+    for b in shared:
+        expect_equal(allocator.refcount(b), 1,
+                     f"after fork({parent} -> {child}) and free({parent}): refcount of the child's block {b}",
+                     "share adds one, release takes one away: 1 + 1 - 1 = 1")
+    # A newcomer takes blocks from the free list; they must not be the child's.
+    newcomer = 5
+    cache.create(newcomer)
+    seqs[newcomer] = []
+    rng = random.Random(seed + 1)
+    for t in range(4):
+        active = sorted(seqs)
+        new = {s: [rng.randrange(256)] for s in active}
+        if t == 0:
+            new[newcomer] = _prompt(2 * bs + 2, seed=200)
+        step(active, new, f"at decode step {t + 1} after a fork, a free and a newcomer",
+             "a block was reused while a table still named it: release must return a block to the free "
+             "list only when its refcount reaches 0")
+    for s in list(seqs):
+        cache.free(s)
+    expect_equal(allocator.num_free, num_blocks, "after every sequence was freed: num_free",
+                 "some block never came back: a refcount leak")
+    bad = {b: allocator.refcount(b) for b in range(num_blocks) if allocator.refcount(b) != 0}
+    expect_equal(bad, {}, "after every sequence was freed: blocks with a nonzero refcount")
+    passed(f"your BlockAllocator inside PagedKVCache (bs {bs}, {num_blocks} blocks in scrambled order): "
+           f"prefill of lengths {lengths}, fork + free + newcomer, 4 decode steps; every logit matches "
+           f"a from-scratch run within {ATOL:g}; the pool is whole again at the end")
