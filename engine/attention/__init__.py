@@ -22,8 +22,11 @@ class TritonUnavailable(RuntimeError):
 
 
 def triton_installed() -> bool:
-    """Whether `import triton` would succeed, checked without importing it."""
-    return importlib.util.find_spec("triton") is not None
+    """Whether triton is installed, checked without importing it (importing it costs seconds)."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # a broken install, or a stub module without a spec
+        return False
 
 
 def require_triton() -> None:

@@ -1,0 +1,358 @@
+"""Paged attention kernels against the torch reference.
+
+Without a GPU the kernels run in Triton's interpreter (set below, before any kernel is defined);
+with one they run compiled, and the `gpu` tests add realistic shapes. Shapes stay small so the
+interpreter finishes this file in seconds.
+"""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import engine.attention as attention_pkg
+from engine.attention import paged_attention
+from engine.attention.paged_reference import gather_history, paged_attention_reference
+from engine.attention.reference import attention
+
+pytestmark = pytest.mark.xdist_group("triton")  # one worker loads the interpreter for every kernel test
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+needs_triton = pytest.mark.skipif(not attention_pkg.triton_installed(), reason="triton is Linux-only")
+
+if attention_pkg.triton_installed():
+    attention_pkg.prepare_triton()  # TRITON_INTERPRET=1 without CUDA, before the kernel modules define kernels
+    from engine.attention.triton_decode import paged_decode
+    from engine.attention.triton_prefill import paged_prefill
+
+BS = 16
+# Around the block size: one token, a block minus one, exactly one, one over, two blocks and one over.
+EDGE_LENGTHS = [1, BS - 1, BS, BS + 1, 2 * BS + 1, 300]
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def make_pool(lens, kv_heads=2, head_dim=32, block_size=BS, dtype=torch.float32, seed=0, spare=3, pad=0):
+    """Random K/V pools holding sequences of the given lengths, with scrambled (permuted) block tables.
+
+    Each sequence's blocks are a random choice of pool blocks in random order; `spare` extra
+    blocks belong to nobody. Table columns past a sequence's blocks hold `pad`.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    counts = [math.ceil(n / block_size) for n in lens]
+    num_blocks = sum(counts) + spare
+    shape = (num_blocks, kv_heads, block_size, head_dim)
+    k_pool = torch.randn(shape, generator=gen).to(dtype)
+    v_pool = torch.randn(shape, generator=gen).to(dtype)
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.full((len(lens), max(counts) + 1), pad, dtype=torch.long)
+    for row, count in enumerate(counts):
+        tables[row, :count] = torch.tensor(order[:count])
+        order = order[count:]
+    to = dict(device=DEVICE)
+    return k_pool.to(**to), v_pool.to(**to), tables.to(**to), torch.tensor(lens, **to)
+
+
+def make_queries(batch, q_heads, steps, head_dim, dtype, seed=1):
+    """Random queries [B, Hq, T, D] on the test device."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, q_heads, steps, head_dim, generator=gen).to(dtype).to(DEVICE)
+
+
+def decode_positions(kv_lens):
+    """The decode query of each row sits at the last stored position: [B, 1]."""
+    return (kv_lens - 1)[:, None]
+
+
+def assert_close(actual, expected, dtype, rows=None):
+    """Compare in float32 with the dtype's tolerance, only where rows ([B, T] bool) is True."""
+    tol = TOLERANCE[dtype]
+    actual, expected = actual.float(), expected.float()
+    if rows is not None:
+        keep = rows[:, None, :, None].expand_as(actual)
+        actual, expected = actual[keep], expected[keep]
+    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
+
+
+# ----- the torch reference -------------------------------------------------------------------------
+
+
+def test_gather_history_follows_the_block_table():
+    """Scatter a contiguous history into the pool through a scrambled table; gathering returns it."""
+    lens = [5, 37]
+    k_pool, _, tables, kv_lens = make_pool(lens, block_size=8, spare=6, pad=-1)
+    history = torch.randn(2, 2, 40, 32, device=DEVICE)
+    for row, n in enumerate(lens):
+        for p in range(n):
+            k_pool[tables[row, p // 8], :, p % 8] = history[row, :, p]
+    gathered = gather_history(k_pool, tables, kv_lens)
+    for row, n in enumerate(lens):
+        torch.testing.assert_close(gathered[row, :, :n], history[row, :, :n], atol=0, rtol=0)
+    # The table really is scrambled: the same blocks read in sorted order give something else.
+    in_order = gather_history(k_pool, tables.sort(dim=1).values, kv_lens)
+    assert not torch.equal(in_order[1, :, :37], history[1, :, :37])
+
+
+def test_paged_reference_equals_contiguous_reference():
+    """Attention over the pool equals the lead's reference attention on the gathered history."""
+    k_pool, v_pool, tables, kv_lens = make_pool([3, 20, 33])
+    q = make_queries(3, 4, 1, 32, torch.float32)
+    positions = decode_positions(kv_lens)
+    expected = attention(q, gather_history(k_pool, tables, kv_lens), gather_history(v_pool, tables, kv_lens),
+                         positions, kv_lens)
+    torch.testing.assert_close(paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens), expected)
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda a: a.update(q=a["q"][..., :16]), "head_dim differs: q has 16, the pool has 32"),
+    (lambda a: a.update(q=a["q"][:, :3]), "3 query heads cannot be grouped over 2 KV heads"),
+    (lambda a: a.update(kv_lens=a["kv_lens"].int()), "kv_lens must be long"),
+    (lambda a: a.update(q_positions=a["q_positions"][:, :0]), "q_positions must be long [B=2, T=1]"),
+    (lambda a: a.update(block_tables=a["block_tables"].float()), "block_tables must be int32 or int64"),
+    (lambda a: a.update(block_tables=a["block_tables"][:, :1]), "needs 3 blocks of 16, but block_tables has only 1"),
+    (lambda a: a.update(v_pool=a["v_pool"][:, :1]), "k_pool and v_pool must both be"),
+    (lambda a: a.update(q=a["q"].half()), "dtypes differ: q torch.float16"),
+])
+def test_bad_inputs_are_named_with_their_numbers(break_it, message):
+    """Each kind of mismatch raises a ValueError that names the offending shapes or dtypes."""
+    k_pool, v_pool, tables, kv_lens = make_pool([5, 40])
+    args = dict(q=make_queries(2, 4, 1, 32, torch.float32), k_pool=k_pool, v_pool=v_pool,
+                block_tables=tables, q_positions=decode_positions(kv_lens), kv_lens=kv_lens)
+    break_it(args)
+    with pytest.raises(ValueError) as error:
+        paged_attention_reference(**args)
+    assert message in str(error.value)
+
+
+# ----- the decode kernel --------------------------------------------------------------------------
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_decode_matches_reference(group, dtype):
+    """Scrambled tables, GQA groups and lengths around block boundaries, in each dtype."""
+    k_pool, v_pool, tables, kv_lens = make_pool(EDGE_LENGTHS, dtype=dtype)
+    q = make_queries(len(EDGE_LENGTHS), 2 * group, 1, 32, dtype)
+    positions = decode_positions(kv_lens)
+    out = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert_close(out, paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens), dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("block_size, head_dim", [(4, 32), (5, 24), (32, 16)])
+def test_decode_block_sizes_and_head_dims(block_size, head_dim):
+    """Blocks smaller than a key tile, not a power of 2, larger than 16; a head_dim padded to 32."""
+    lens = [1, block_size - 1 or 1, block_size + 1, 3 * block_size + 2, 130]
+    k_pool, v_pool, tables, kv_lens = make_pool(lens, head_dim=head_dim, block_size=block_size)
+    q = make_queries(len(lens), 4, 1, head_dim, torch.float32)
+    positions = decode_positions(kv_lens)
+    out = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert_close(out, paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens), torch.float32)
+
+
+@needs_triton
+def test_decode_query_position_limits_the_keys():
+    """A query at position p sees keys 0..p even when more are stored (kv_len > p + 1)."""
+    k_pool, v_pool, tables, kv_lens = make_pool([40, 40])
+    q = make_queries(2, 4, 1, 32, torch.float32)
+    positions = torch.tensor([[39], [20]], device=DEVICE)
+    out = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert_close(out, paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens), torch.float32)
+    seeing_all = paged_decode(q, k_pool, v_pool, tables, decode_positions(kv_lens), kv_lens)
+    assert not torch.allclose(out[1], seeing_all[1], atol=1e-3)
+
+
+@needs_triton
+@pytest.mark.parametrize("num_splits", [2, 3, 8])
+def test_split_k_equals_unsplit(num_splits):
+    """Split-K and its log-sum-exp merge give the unsplit result, also for sequences shorter than the split count."""
+    lens = [1, 2, 7, BS + 1, 150, 300, 5]  # 1, 2 and 7 tokens leave most of 8 splits empty
+    k_pool, v_pool, tables, kv_lens = make_pool(lens)
+    q = make_queries(len(lens), 4, 1, 32, torch.float32)
+    positions = decode_positions(kv_lens)
+    positions[-1] = -1  # a padding row: every one of its splits is empty
+    real = positions >= 0
+    whole = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens)
+    split = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens, num_splits=num_splits)
+    assert torch.isfinite(split).all()  # empty splits get weight 0 in the merge, never exp(-inf - -inf) = NaN
+    assert_close(split, whole, torch.float32)
+    expected = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert_close(split, expected, torch.float32, rows=real)
+
+
+@needs_triton
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_tail_mask_keeps_garbage_out(num_splits):
+    """NaN in the unused slots of each last block, in spare blocks and in table padding changes nothing."""
+    lens = [1, BS - 1, BS + 1, 2 * BS + 1]
+    k_pool, v_pool, tables, kv_lens = make_pool(lens, pad=10**6)  # padding that would index far out of the pool
+    q = make_queries(len(lens), 4, 1, 32, torch.float32)
+    positions = decode_positions(kv_lens)
+    clean = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens, num_splits=num_splits)
+    used = torch.zeros(k_pool.shape[0], BS, dtype=torch.bool, device=DEVICE)
+    for row, n in enumerate(lens):
+        for p in range(n):
+            used[tables[row, p // BS], p % BS] = True
+    for pool in (k_pool, v_pool):
+        pool.masked_fill_(~used[:, None, :, None], float("nan"))
+    dirty = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens, num_splits=num_splits)
+    torch.testing.assert_close(dirty, clean, atol=0, rtol=0)
+    # The garbage sits where a kernel without the tail mask would read: one key too many turns rows to NaN.
+    one_too_many = torch.tensor([[n] for n in lens], device=DEVICE)
+    overread = paged_decode(q, k_pool, v_pool, tables, one_too_many, kv_lens + 1, num_splits=num_splits)
+    assert overread[:, :, 0].isnan().any(dim=-1).all()
+
+
+# ----- the prefill kernel -------------------------------------------------------------------------
+
+
+def ragged_prefill(new_tokens, histories, steps):
+    """q_positions [B, T] for rows that add new_tokens[b] after histories[b] cached tokens (-1 pads)."""
+    positions = torch.full((len(new_tokens), steps), -1, dtype=torch.long)
+    for row, (n, start) in enumerate(zip(new_tokens, histories)):
+        positions[row, :n] = torch.arange(start, start + n)
+    kv_lens = torch.tensor([h + n for n, h in zip(new_tokens, histories)])
+    return positions.to(DEVICE), kv_lens.to(DEVICE)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_prefill_matches_reference(group, dtype):
+    """Ragged rows: a whole prompt, chunks after a paged history (across block edges), a single token."""
+    new_tokens = [37, 20, 5, 1]
+    histories = [0, BS - 1, 2 * BS + 1, 60]
+    positions, kv_lens = ragged_prefill(new_tokens, histories, steps=37)
+    k_pool, v_pool, tables, _ = make_pool(kv_lens.tolist(), dtype=dtype)
+    q = make_queries(4, 2 * group, 37, 32, dtype)
+    out = paged_prefill(q, k_pool, v_pool, tables, positions, kv_lens)
+    expected = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert_close(out, expected, dtype, rows=positions >= 0)
+    assert torch.isfinite(out).all()  # padding rows come back as zeros, not NaN
+
+
+@needs_triton
+def test_prefill_is_causal():
+    """Changing the K/V of the last position changes only the last query's output."""
+    positions, kv_lens = ragged_prefill([24], [0], steps=24)
+    k_pool, v_pool, tables, _ = make_pool([24])
+    q = make_queries(1, 2, 24, 32, torch.float32)
+    before = paged_prefill(q, k_pool, v_pool, tables, positions, kv_lens)
+    last_block, last_slot = tables[0, 23 // BS], 23 % BS
+    v_pool[last_block, :, last_slot] += 1.0
+    after = paged_prefill(q, k_pool, v_pool, tables, positions, kv_lens)
+    torch.testing.assert_close(after[:, :, :23], before[:, :, :23], atol=0, rtol=0)
+    assert not torch.allclose(after[:, :, 23], before[:, :, 23])
+
+
+# ----- the dispatch -------------------------------------------------------------------------------
+
+
+@needs_triton
+def test_dispatch_routes_decode_and_prefill():
+    """backend="triton" runs decode for T == 1 (split or not) and prefill for T > 1; all match torch."""
+    positions, kv_lens = ragged_prefill([9, 3], [0, 20], steps=9)
+    k_pool, v_pool, tables, _ = make_pool(kv_lens.tolist())
+    for q, pos in ((make_queries(2, 4, 9, 32, torch.float32), positions),
+                   (make_queries(2, 4, 1, 32, torch.float32), decode_positions(kv_lens))):
+        expected = paged_attention(q, k_pool, v_pool, tables, pos, kv_lens, backend="torch")
+        for splits in (None, 3):
+            out = paged_attention(q, k_pool, v_pool, tables, pos, kv_lens, backend="triton", num_splits=splits)
+            assert_close(out, expected, torch.float32, rows=pos >= 0)
+
+
+def test_auto_backend_uses_torch_on_cpu_and_rejects_unknown_names():
+    """On CPU tensors "auto" is the torch reference, bit for bit; a typo in the backend is an error."""
+    k_pool, v_pool, tables, kv_lens = make_pool([10, 3])
+    k_pool, v_pool, tables, kv_lens = k_pool.cpu(), v_pool.cpu(), tables.cpu(), kv_lens.cpu()
+    q = make_queries(2, 4, 1, 32, torch.float32).cpu()
+    args = (q, k_pool, v_pool, tables, decode_positions(kv_lens), kv_lens)
+    torch.testing.assert_close(paged_attention(*args), paged_attention_reference(*args), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        paged_attention(*args, backend="cuda")
+
+
+def test_triton_missing_gives_a_clear_error(monkeypatch):
+    """Without triton (macOS, Windows) backend="triton" says why and where the kernels do run."""
+    monkeypatch.setattr(attention_pkg, "triton_installed", lambda: False)
+    k_pool, v_pool, tables, kv_lens = make_pool([4])
+    q = make_queries(1, 2, 1, 32, torch.float32)
+    with pytest.raises(attention_pkg.TritonUnavailable, match="Linux wheels only.*WSL2.*hosted notebook"):
+        paged_attention(q, k_pool, v_pool, tables, decode_positions(kv_lens), kv_lens, backend="triton")
+
+
+def test_import_is_cheap_and_works_without_triton():
+    """`import engine.attention` does not import triton, and the torch backend works with triton blocked."""
+    script = (
+        "import sys; import engine.attention as a; assert 'triton' not in sys.modules, 'imported triton'\n"
+        "sys.modules['triton'] = None  # now `import triton` fails, as on macOS\n"
+        "assert not a.triton_installed()\n"
+        "import torch; pool = torch.randn(2, 1, 4, 8); t = torch.tensor([[1, 0]]); n = torch.tensor([5])\n"
+        "out = a.paged_attention(torch.randn(1, 1, 1, 8), pool, pool, t, torch.tensor([[4]]), n)\n"
+        "assert out.shape == (1, 1, 1, 8)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_interpreter_switch_must_come_before_the_kernels(monkeypatch):
+    """Without CUDA the helper turns the interpreter on, unless the kernels were already compiled: then it says so."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for name in attention_pkg.KERNEL_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert attention_pkg.use_interpreter_without_gpu() is True
+    assert attention_pkg.os.environ["TRITON_INTERPRET"] == "1"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setitem(sys.modules, attention_pkg.KERNEL_MODULES[0], object())  # "already imported, compiled"
+    with pytest.raises(RuntimeError, match="Set TRITON_INTERPRET=1 before the first import"):
+        attention_pkg.use_interpreter_without_gpu()
+
+
+# ----- compiled on a GPU: realistic shapes ------------------------------------------------------------
+
+
+def qwen3_like_batch(lens, dtype, steps=1):
+    """Qwen3-0.6B-like heads (16 query, 8 KV, head_dim 128), block size 16, scrambled tables, on CUDA."""
+    k_pool, v_pool, tables, kv_lens = make_pool(lens, kv_heads=8, head_dim=128, dtype=dtype, seed=3)
+    return make_queries(len(lens), 16, steps, 128, dtype), k_pool, v_pool, tables, kv_lens
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("num_splits", [1, 4, 16])
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_gpu_decode_compiles_and_matches(dtype, num_splits):
+    """Compiled decode at model shapes, unsplit and split, every dtype."""
+    q, k_pool, v_pool, tables, kv_lens = qwen3_like_batch([1, 15, 16, 17, 33, 1000, 4097], dtype)
+    positions = decode_positions(kv_lens)
+    out = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens, num_splits=num_splits)
+    assert_close(out, paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens), dtype)
+
+
+@pytest.mark.parametrize("group, head_dim", [(1, 64), (8, 128), (16, 64)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_gpu_decode_group_sizes(group, head_dim):
+    """Compiled decode for groups padded to 16 and exactly 16 wide."""
+    k_pool, v_pool, tables, kv_lens = make_pool([3, 300, 2000], kv_heads=2, head_dim=head_dim, dtype=torch.float16)
+    q = make_queries(3, 2 * group, 1, head_dim, torch.float16)
+    positions = decode_positions(kv_lens)
+    out = paged_attention(q, k_pool, v_pool, tables, positions, kv_lens)  # "auto" picks triton on CUDA
+    assert_close(out, paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens), torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_gpu_prefill_compiles_and_matches(dtype):
+    """Compiled prefill at model shapes: a long prompt, chunks after long histories, padding."""
+    positions, kv_lens = ragged_prefill([300, 128, 7], [0, 1000, 4000], steps=300)
+    q, k_pool, v_pool, tables, _ = qwen3_like_batch(kv_lens.tolist(), dtype, steps=300)
+    out = paged_prefill(q, k_pool, v_pool, tables, positions, kv_lens)
+    expected = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert_close(out, expected, dtype, rows=positions >= 0)
