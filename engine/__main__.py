@@ -15,15 +15,15 @@ COMMANDS = {
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
-        command.set_defaults(module_name=module_name)
-        if name in sys.argv[1:2] or (argv and name in argv[:1]):
+        if argv[:1] == [name]:             # only the chosen command's module is imported
             importlib.import_module(module_name).add_arguments(command)
     args = parser.parse_args(argv)
-    return importlib.import_module(args.module_name).main(args) or 0
+    return importlib.import_module(COMMANDS[args.command][0]).main(args) or 0
 
 
 if __name__ == "__main__":

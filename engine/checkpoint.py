@@ -33,10 +33,8 @@ def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -
         for name, param in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
                 param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
-            elif param.dim() == 2 and "embed" not in name:      # a linear layer: keep activations O(1)
+            else:   # linear layers and the embedding (maybe tied to the head): keep activations O(1)
                 param.copy_(torch.randn(param.shape, generator=generator) / param.shape[1] ** 0.5)
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator))
     return model.to(dtype).eval()
 
 

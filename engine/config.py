@@ -106,3 +106,15 @@ class ModelConfig:
             "attention_bias": False,
             "torch_dtype": "float32",
         }
+
+
+CONFIGS = Path(__file__).parent / "configs"
+
+
+def known_config(name: str) -> ModelConfig:
+    """A published model's shape by short name: llama-2-13b, llama-3-8b, llama-3-70b, qwen3-0.6b."""
+    path = CONFIGS / f"{name}.json"
+    if not path.exists():
+        names = ", ".join(sorted(p.stem for p in CONFIGS.glob("*.json")))
+        raise KeyError(f"no config named {name!r}; known: {names}")
+    return ModelConfig.from_json(path)

@@ -1,0 +1,45 @@
+"""The generation loop's API and the `python -m engine generate` command."""
+import subprocess
+import sys
+
+import pytest
+
+from engine.cache.static import StaticKVCache
+from engine.checkpoint import tiny_model
+from engine.generate import generate, pack
+from engine.sampling import SamplingParams
+
+
+def test_pack_pads_with_position_minus_one():
+    ids, pos = pack([[7, 8, 9], [4]], [0, 5])
+    assert ids.tolist() == [[7, 8, 9], [4, 0, 0]]
+    assert pos.tolist() == [[0, 1, 2], [5, -1, -1]]
+
+
+def test_seeded_sampling_is_the_same_with_and_without_a_cache(tiny):
+    prompts = [[1, 2, 3], [9] * 11]
+    params = [SamplingParams(temperature=0.8, top_k=50, max_tokens=6, seed=s, ignore_eos=True) for s in (1, 2)]
+    cached = generate(tiny, prompts, params, cache=StaticKVCache(tiny.config, 2, 32))
+    scratch = generate(tiny, prompts, params)
+    assert [g.tokens for g in cached] == [g.tokens for g in scratch]
+    assert all(len(g.tokens) == 6 for g in cached)
+
+
+def test_stops_on_eos():
+    greedy = SamplingParams(max_tokens=40)
+    free_running = generate(tiny_model(seed=0), [[1, 2, 3]], SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    eos = free_running.tokens[3]            # the same weights, with the 4th greedy token as end of sequence
+    stopped = generate(tiny_model(seed=0, eos_token_id=eos), [[1, 2, 3]], greedy)[0]
+    first = free_running.tokens.index(eos)
+    assert stopped.tokens == free_running.tokens[:first + 1] and stopped.finish_reason == "stop"
+
+
+def test_empty_prompt_is_refused(tiny):
+    with pytest.raises(ValueError, match="empty prompt"):
+        generate(tiny, [[]])
+
+
+def test_cli_generate_runs_offline():
+    out = subprocess.run([sys.executable, "-m", "engine", "generate", "--prompt", "hi", "--max-tokens", "4"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("'hi' -> ") and "4 tokens" in out

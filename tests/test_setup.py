@@ -1,0 +1,38 @@
+"""The environment is pinned once: requirements.txt, environment.yml and constraints agree."""
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pins(lines):
+    return {line.strip() for line in lines if re.match(r"^[A-Za-z0-9_.\-\[\]]+==", line.strip())}
+
+
+def test_every_requirement_is_pinned_exactly():
+    lines = [l for l in (ROOT / "requirements.txt").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    assert lines and all("==" in l for l in lines), [l for l in lines if "==" not in l]
+    assert "torch==2.13.0" in lines
+    assert 'triton==3.7.1; sys_platform == "linux"' in lines
+
+
+def test_environment_yml_names_exactly_the_requirements_pins():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert "python=3.11" in env["dependencies"]
+    assert pins(pip_section) == pins((ROOT / "requirements.txt").read_text().splitlines())
+
+
+def test_constraints_agree_with_requirements():
+    constraints = dict(l.split("==") for l in pins((ROOT / "constraints.txt").read_text().splitlines()))
+    for pin in pins((ROOT / "requirements.txt").read_text().splitlines()):
+        name, version = pin.split(";")[0].split("==")
+        if name not in ("torch", "triton"):
+            assert constraints.get(name) == version, f"{name}: requirements {version}, constraints {constraints.get(name)}"
+
+
+def test_top_level_layout():
+    for name in ("book", "notebooks", "engine", "solutions", "tests", "environment.yml", "Makefile", "README.md"):
+        assert (ROOT / name).exists(), name
