@@ -163,4 +163,8 @@ def _plain(value: Any) -> Any:
 def _show(value: Any) -> str:
     if isinstance(value, str):
         return value
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_show(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
     return repr(_plain(value))

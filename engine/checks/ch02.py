@@ -203,9 +203,6 @@ def check_allocator_errors(cls) -> None:
     exc = expect_raises(OutOfBlocks, lambda: allocator.allocate(3),
                         "allocate(3) with only 2 blocks free",
                         "raise engine.cache.errors.OutOfBlocks(wanted, free) before touching anything")
-    expect_equal((getattr(exc, "wanted", None), getattr(exc, "free", None)), (3, 2),
-                 "the OutOfBlocks of allocate(3) with 2 free: its (wanted, free)",
-                 "OutOfBlocks(wanted=3, free=2) tells the scheduler how short it is")
     after = _refcounts(allocator, range(6))
     if after != before or allocator.num_free != 2:
         changed = {b: (before[b], after[b]) for b in range(6) if before[b] != after[b]}
@@ -215,6 +212,9 @@ def check_allocator_errors(cls) -> None:
              + (f" (block: (before, after) = {changed})" if changed else ""),
              "check there are enough free blocks BEFORE taking any: a half-done allocation leaks "
              "the blocks it took, since no table will ever release them")
+    expect_equal((getattr(exc, "wanted", None), getattr(exc, "free", None)), (3, 2),
+                 "the OutOfBlocks of allocate(3) with 2 free: its (wanted, free)",
+                 "OutOfBlocks(wanted=3, free=2) tells the scheduler how short it is")
     last = allocator.allocate(2)
     expect_equal(allocator.num_free, 0, "after the failed allocate(3), allocate(2) still works: num_free")
     for b in last:
@@ -310,6 +310,19 @@ def check_refcounts_balance(cls, steps: int = 300, seed: int = 0) -> None:
            f"number of tables naming the block, no leak at the end")
 
 
+def _clash(tables: dict[int, list[int]]) -> str:
+    """'block b is in the tables of both sequence x and sequence y', or '' when no block is named twice."""
+    owners: dict[int, int] = {}
+    for seq, table in tables.items():
+        for b in table:
+            if b in owners:
+                if owners[b] == seq:
+                    return f"block {b} is in the table of sequence {seq} twice: {table}"
+                return f"block {b} is in the tables of both sequence {owners[b]} and sequence {seq}"
+            owners[b] = seq
+    return ""
+
+
 def _compare_counts(allocator, counts: dict[int, int], log: list[str]) -> None:
     for b, want in counts.items():
         got = allocator.refcount(b)
@@ -365,7 +378,8 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
     random.Random(seed).shuffle(order)
     for b in order:
         allocator.release(b)
-    expect_equal(allocator.num_free, num_blocks, "after allocating the whole pool and releasing it: num_free")
+    expect_equal(allocator.num_free, num_blocks, "after allocating the whole pool and releasing it: num_free",
+                 "blocks released by their last owner never came back on the free list (a leak)")
     cache = PagedKVCache(model.config, num_blocks, block_size=block_size, dtype=torch.float32,
                          device="cpu", allocator=allocator)
     bs = block_size
@@ -378,23 +392,22 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
             seqs[s] = seqs[s] + new[s]
         got = cached_step(model, cache, active, [new[s] for s in active])
         want = scratch_logits(model, [seqs[s] for s in active])
+        clash = _clash(cache.tables)
+        if clash:
+            hint = clash + ": allocate handed out a block that was still in use"
         for s, g, w in zip(active, got, want):
             n = len(new[s])
             compare_logits(g, w[-n:], f"with your BlockAllocator in PagedKVCache, {stage}, sequence {s} "
                            f"({len(seqs[s])} tokens)", first_position=len(seqs[s]) - n, hint=hint)
+        if clash:
+            fail(f"with your BlockAllocator in PagedKVCache, {stage}, {clash}",
+                 hint="allocate must hand out only blocks on the free list")
 
     for s in seqs:
         cache.create(s)
     step(list(seqs), prompts, "after prefilling a ragged batch of lengths " + str(lengths),
          "two sequences may have been handed the same block: does allocate take each block off the "
          "free list?")
-    owners: dict[int, int] = {}
-    for s, table in cache.tables.items():
-        for b in table:
-            if b in owners:
-                fail(f"after prefill, block {b} is in the tables of both sequence {owners[b]} and "
-                     f"sequence {s}", hint="allocate handed out a block that was not free")
-            owners[b] = s
 
     # Fork the longest sequence, free its parent: the child's blocks must survive with refcount 1.
     parent, child = 3, 4
@@ -419,7 +432,7 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
             new[newcomer] = _prompt(2 * bs + 2, seed=200)
         step(active, new, f"at decode step {t + 1} after a fork, a free and a newcomer",
              "a block was reused while a table still named it: release must return a block to the free "
-             "list only when its refcount reaches 0")
+             "list only when its refcount reaches 0, and allocate must hand out only free blocks")
     for s in list(seqs):
         cache.free(s)
     expect_equal(allocator.num_free, num_blocks, "after every sequence was freed: num_free",

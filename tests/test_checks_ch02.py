@@ -1,0 +1,213 @@
+"""The chapter-2 checks pass on the engine's reference, fail on stubs, and fail on classic bugs with a
+message that says what went wrong."""
+import pytest
+
+from engine.cache import slots
+from engine.cache.allocator import BlockAllocator
+from engine.cache.errors import OutOfBlocks
+from engine.checks import CheckFailed, ch02
+
+SLOT_CHECKS = [
+    (ch02.check_physical_slot, slots.physical_slot),
+    (ch02.check_slot_index, slots.slot_index),
+    (ch02.check_blocks_needed, slots.blocks_needed),
+    (ch02.check_slot_mapping, slots.slot_mapping),
+]
+ALLOCATOR_CHECKS = [
+    ch02.check_allocator_basics,
+    ch02.check_allocator_errors,
+    ch02.check_refcounts_balance,
+    ch02.check_allocator_in_engine,
+]
+
+
+def fails(check, obj) -> str:
+    """Run a check that must fail; return its message."""
+    with pytest.raises(CheckFailed) as info:
+        check(obj)
+    return str(info.value)
+
+
+# ---- the reference passes -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("check, fn", SLOT_CHECKS, ids=lambda x: getattr(x, "__name__", ""))
+def test_reference_slot_math_passes(check, fn, capsys):
+    check(fn)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize("check", ALLOCATOR_CHECKS, ids=lambda c: c.__name__)
+def test_reference_allocator_passes(check, capsys):
+    check(BlockAllocator)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+# ---- stubs are "not implemented yet" ---------------------------------------------------------------
+
+def stub_function(*args, **kwargs):
+    raise NotImplementedError()
+
+
+class StubAllocator(BlockAllocator):
+    def allocate(self, n=1):
+        raise NotImplementedError()
+
+    def share(self, block):
+        raise NotImplementedError()
+
+    def release(self, block):
+        raise NotImplementedError()
+
+
+@pytest.mark.parametrize("check", [c for c, _ in SLOT_CHECKS], ids=lambda c: c.__name__)
+def test_slot_math_stub_is_not_implemented(check):
+    message = fails(check, stub_function)
+    assert "stub_function" in message and "not implemented yet" in message
+
+
+@pytest.mark.parametrize("check", ALLOCATOR_CHECKS, ids=lambda c: c.__name__)
+def test_allocator_stub_is_not_implemented(check):
+    message = fails(check, StubAllocator)
+    assert "StubAllocator.allocate" in message and "not implemented yet" in message
+
+
+def test_a_crash_is_reported_with_its_place():
+    def crashes(table, pos, bs):
+        return table[pos]  # IndexError for most positions
+
+    message = fails(ch02.check_physical_slot, crashes)
+    assert "crashes" in message
+    assert "expected (7, 1)" in message or "IndexError" in message
+
+
+# ---- planted bugs in the slot math ----------------------------------------------------------------
+
+def slot_before_boundary(table, pos, bs):
+    """Treats the first slot of a block as the last of the previous one."""
+    return table[(pos - 1) // bs if pos else 0], pos % bs
+
+
+def slot_ignores_table(table, pos, bs):
+    """Returns the logical block, not the physical one."""
+    return pos // bs, pos % bs
+
+
+def index_without_scale(table, pos, bs):
+    return table[pos // bs] + pos % bs
+
+
+def index_one_past(table, pos, bs):
+    return table[pos // bs] * bs + pos % bs + 1
+
+
+def blocks_floor_plus_one(n, bs):
+    return n // bs + 1
+
+
+def blocks_floor(n, bs):
+    return n // bs
+
+
+def mapping_keeps_padding(block_tables, positions, bs):
+    safe = positions.clamp(min=0)
+    return block_tables.gather(1, safe // bs) * bs + safe % bs
+
+
+def mapping_off_by_one(block_tables, positions, bs):
+    out = slots.slot_mapping(block_tables, positions, bs)
+    return out.where(positions < 0, out + 1)
+
+
+@pytest.mark.parametrize("check, bug, words", [
+    (ch02.check_physical_slot, slot_before_boundary, ["FIRST slot of logical block"]),
+    (ch02.check_physical_slot, slot_ignores_table, ["worked example", "expected (7, 1), got (2, 1)"]),
+    (ch02.check_slot_index, index_without_scale, ["expected 29, got 8", "block * bs + offset"]),
+    (ch02.check_slot_index, index_one_past, ["expected 29, got 30"]),
+    (ch02.check_blocks_needed, blocks_floor_plus_one, ["blocks_needed(0, 16)", "expected 0, got 1"]),
+    (ch02.check_blocks_needed, blocks_floor, ["expected 1, got 0", "start one more"]),
+    (ch02.check_slot_mapping, mapping_keeps_padding, ["position -1", "expected -1", "padding"]),
+    (ch02.check_slot_mapping, mapping_off_by_one, ["expected 28, got 29"]),
+], ids=lambda x: getattr(x, "__name__", ""))
+def test_slot_math_bug_is_caught(check, bug, words):
+    message = fails(check, bug)
+    for word in words:
+        assert word in message, message
+
+
+# ---- planted bugs in the allocator (each overrides one method through the public API) --------------
+
+class HalfAllocate(BlockAllocator):
+    """Takes blocks one at a time and raises when it runs dry, keeping what it took."""
+
+    def allocate(self, n=1):
+        blocks = []
+        for _ in range(n):
+            if self.num_free == 0:
+                raise OutOfBlocks(n, 0)
+            blocks += super().allocate(1)
+        return blocks
+
+
+class SilentDoubleFree(BlockAllocator):
+    def release(self, block):
+        if self.refcount(block) > 0:
+            super().release(block)
+
+
+class SilentShareOfFree(BlockAllocator):
+    def share(self, block):
+        if self.refcount(block) > 0:
+            super().share(block)
+
+
+class LeakyRelease(BlockAllocator):
+    """The last owner's release is dropped: the block never returns to the free list."""
+
+    def release(self, block):
+        if self.refcount(block) > 1:
+            super().release(block)
+
+
+class EagerRelease(BlockAllocator):
+    """Any release frees the block, whoever else still names it."""
+
+    def release(self, block):
+        while self.refcount(block) > 0:
+            super().release(block)
+
+
+class HandsOutLiveBlock(BlockAllocator):
+    """From the fourth call on, allocate(1) hands out a block that is still in use."""
+
+    calls = 0
+
+    def allocate(self, n=1):
+        blocks = super().allocate(n)
+        self.calls += 1
+        if n == 1 and self.calls > 3 and self.num_free < self.num_blocks - 2:
+            super().release(blocks[0])
+            in_use = next(b for b in range(self.num_blocks) if self.refcount(b) > 0)
+            return [in_use]
+        return blocks
+
+
+@pytest.mark.parametrize("check, bug, words", [
+    (ch02.check_allocator_errors, HalfAllocate, ["must change nothing", "BEFORE taking any"]),
+    (ch02.check_allocator_errors, SilentDoubleFree, ["double free", "BlockRefError to be raised", "no error"]),
+    (ch02.check_allocator_errors, SilentShareOfFree, ["share", "of a free block", "no error"]),
+    (ch02.check_allocator_basics, LeakyRelease, ["after the last release", "expected 0, got 1"]),
+    (ch02.check_refcounts_balance, LeakyRelease, ["never dropped (a leak)"]),
+    (ch02.check_refcounts_balance, EagerRelease, ["dropped too early", "use after free"]),
+    (ch02.check_allocator_in_engine, LeakyRelease, ["releasing it", "expected 24, got 0", "(a leak)"]),
+    (ch02.check_allocator_in_engine, EagerRelease, ["refcount of the child's block", "expected 1, got 0"]),
+    (ch02.check_allocator_in_engine, HandsOutLiveBlock, ["from-scratch run", "max |Δ|", ("twice", "in the tables of both"), "still in use"]),
+], ids=lambda x: getattr(x, "__name__", ""))
+def test_allocator_bug_is_caught(check, bug, words):
+    message = fails(check, bug)
+    for word in words:  # a tuple: any one of these phrasings
+        assert any(w in message for w in ((word,) if isinstance(word, str) else word)), message
+
+
+def test_half_allocation_names_the_leaked_blocks():
+    message = fails(ch02.check_allocator_errors, HalfAllocate)
+    assert "num_free 0" in message  # it took the last 2 free blocks before raising
