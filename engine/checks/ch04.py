@@ -18,6 +18,26 @@ CORRUPTION_HINT = ("did the write land in a block another sequence still uses? A
                    "(refcount > 1) must be copied before it is written")
 
 
+def _diagnose(cache) -> str:
+    """A specific hint when the cache's bookkeeping explains a corruption, else the general one."""
+    tables = list(cache.tables.items())
+    for i, (a, table_a) in enumerate(tables):
+        for b, table_b in tables[i + 1:]:
+            if table_a is table_b:
+                return (f"sequences {a} and {b} hold the very same table list, so repointing one repoints "
+                        f"both: fork must copy the list")
+    named: dict[int, int] = {}
+    for _, table in tables:
+        for block in table:
+            named[block] = named.get(block, 0) + 1
+    for block, count in sorted(named.items()):
+        refs = cache.allocator.refcount(block)
+        if refs < count:
+            return (f"block {block} is named by {count} tables but has refcount {refs}, so a writer "
+                    f"thinks it is private: fork must share every block it copies into the child's table")
+    return CORRUPTION_HINT
+
+
 @functools.lru_cache(maxsize=None)
 def _model(seed: int = 0):
     from engine.checkpoint import tiny_model
@@ -65,7 +85,8 @@ def check_fork_shares(cls) -> None:
         fail("after fork(0, 1), the cache has no table for sequence 1",
              hint="fork must register the child, like create does")
     expect_equal(cache.tables[1], parent_table, "after fork(0, 1): the child's block table",
-                 "the child starts with exactly the parent's blocks, in the same order")
+                 "the child starts with exactly the parent's blocks, in the same order: copy the table, "
+                 "not the blocks (no new blocks, no K/V copied)")
     expect_equal(cache.length(1), 10, "after fork(0, 1) of a 10-token parent: length(1)",
                  "the child has the parent's whole history")
     expect_equal(cache.tables[0], parent_table, "after fork(0, 1): the parent's block table",
@@ -227,7 +248,7 @@ def check_fork_then_diverge(cls, block_size: int = 4, seed: int = 0) -> None:
         for s, g, w in zip(active, got, want):
             n = len(new[s])
             compare_logits(g, w[-n:], f"{stage}, sequence {s}", first_position=len(seqs[s]) - n,
-                           hint=CORRUPTION_HINT)
+                           hint=_diagnose(cache))
 
     rng = random.Random(seed)
     # Sequence 0 ends mid-block (10 tokens, bs 4); sequence 10 ends on a boundary (8 tokens).
@@ -316,7 +337,7 @@ def check_parallel_sampling(cls, n: int = 4, steps: int = 6) -> None:
     for s in range(n):
         got = torch.stack(logits[s])
         compare_logits(got, want[s][len(prompt) - 1:], f"parallel sample {s} (seed {s}, tokens {samples[s]})",
-                       first_position=len(prompt) - 1, hint=CORRUPTION_HINT)
+                       first_position=len(prompt) - 1, hint=_diagnose(cache))
     full = len(prompt) // bs
     shared = [cache.tables[0][i] for i in range(full)]
     for s in range(1, n):
