@@ -1,0 +1,264 @@
+"""PagedKVCache: the cache protocol over one pool of fixed-size blocks, reached through block tables.
+
+Per layer the pool is `[num_blocks, kv_heads, block_size, head_dim]` for K and the same for V.
+Sequence `s` keeps a block table `tables[s]`: logical block i of `s` is physical block
+`tables[s][i]`. Blocks come from an allocator with reference counts, so several tables may name the
+same block (a fork, a prefix-cache hit); such a shared block is copied before anyone writes into it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import paged_attention
+from engine.attention.reference import attention as reference_attention
+from engine.cache.allocator import BlockAllocator
+from engine.cache.errors import OutOfBlocks
+from engine.cache.slots import blocks_needed, check_block_size, slot_mapping
+
+# "auto": Triton on CUDA, torch on CPU (engine.attention decides); "reference": update, then plain attention.
+ATTENTION_PATHS = ("auto", "torch", "triton", "reference")
+
+
+@dataclass
+class SwappedSequence:
+    """A preempted sequence's K/V on the host, [layers, blocks, kv_heads, block_size, head_dim] each."""
+
+    length: int
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class PagedKVCache:
+    """KV cache in blocks: memory is taken one block at a time, so at most block_size - 1 slots idle."""
+
+    def __init__(self, config, num_blocks: int, block_size: int = 16, dtype=torch.float32,
+                 device="cpu", allocator=None, attention: str = "auto"):
+        """Allocate the K and V pools of every layer up front; `allocator` may be any BlockAllocator look-alike."""
+        if attention not in ATTENTION_PATHS:
+            raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
+        self.block_size = check_block_size(block_size)
+        self.allocator = BlockAllocator(num_blocks) if allocator is None else allocator
+        if getattr(self.allocator, "num_blocks", num_blocks) != num_blocks:
+            raise ValueError(f"the allocator manages {self.allocator.num_blocks} blocks, the pool has {num_blocks}")
+        self.config, self.num_blocks, self.attention = config, num_blocks, attention
+        self.device, self.dtype = torch.device(device), dtype
+        shape = (num_blocks, config.num_kv_heads, block_size, config.head_dim)
+        self.k_pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.v_pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.tables: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}
+        self.swapped: dict[int, SwappedSequence] = {}
+        self.batch: list[int] = []
+        self.block_tables = self.batch_lengths = self.batch_capacity = None
+
+    # ---- the protocol: create, reserve, set_batch, update, length, free ----
+
+    def create(self, seq: int) -> None:
+        """Start an empty sequence: no blocks until reserve asks for them."""
+        if seq in self.tables or seq in self.swapped:
+            raise ValueError(f"sequence {seq} already exists")
+        self.tables[seq], self.lengths[seq] = [], 0
+
+    def reserve(self, seq: int, n: int) -> None:
+        """Make positions [length, length + n) writable; raise OutOfBlocks, changing nothing, if they cannot be."""
+        table = self.table(seq)
+        written, new = self.plan(seq, n)
+        shared = [index for index in written if self.allocator.refcount(table[index]) > 1]
+        wanted = len(shared) + new                   # a copy for each shared block, plus the new blocks
+        if wanted > self.allocator.num_free:         # checked before the first copy or allocation
+            raise OutOfBlocks(wanted, self.allocator.num_free, f"sequence {seq} cannot reserve {n} token(s)")
+        for index in written:
+            self.copy_on_write(seq, index)           # a no-op unless another table also names the block
+        table.extend(self.allocator.allocate(new))
+
+    def set_batch(self, seqs) -> None:
+        """Name the sequences of the next forward (batch-row order) and build their block-table tensor."""
+        seqs = list(seqs)
+        if not seqs or len(set(seqs)) != len(seqs):
+            raise ValueError(f"a batch needs distinct sequences, got {seqs}")
+        tables = [self.table(seq) for seq in seqs]
+        width = max(1, max(len(table) for table in tables))
+        # Short rows are padded with block 0: only positions past a row's kv_len ever read it.
+        rows = [table + [0] * (width - len(table)) for table in tables]
+        self.batch = seqs
+        self.block_tables = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.batch_lengths = torch.tensor([self.lengths[s] for s in seqs], dtype=torch.long, device=self.device)
+        self.batch_capacity = torch.tensor([len(t) * self.block_size for t in tables], device=self.device)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
+        """Store k, v [B, Hkv, T, D] at their slots, then gather each row's history (the reference path)."""
+        kv_lens = self.write(layer, k, v, positions)
+        return self.gather(self.k_pools[layer], kv_lens), self.gather(self.v_pools[layer], kv_lens), kv_lens
+
+    def attend(self, layer: int, q, k, v, positions: torch.Tensor) -> torch.Tensor:
+        """Store k, v, then attend q [B, Hq, T, D] over the pool itself: no contiguous copy of the history."""
+        if self.attention == "reference":            # gather a contiguous history, then plain attention
+            keys, values, kv_lens = self.update(layer, k, v, positions)
+            return reference_attention(q, keys, values, positions, kv_lens)
+        kv_lens = self.write(layer, k, v, positions)
+        out = paged_attention(q.to(self.dtype), self.k_pools[layer], self.v_pools[layer], self.block_tables,
+                              positions, kv_lens, backend=self.attention)
+        return out.to(q.dtype)
+
+    def length(self, seq: int) -> int:
+        """Tokens stored for seq (also while it is swapped out)."""
+        if seq in self.swapped:
+            return self.swapped[seq].length
+        self.table(seq)
+        return self.lengths[seq]
+
+    def free(self, seq: int) -> None:
+        """Forget seq: each of its blocks loses one owner, and blocks nobody else names become free."""
+        if self.swapped.pop(seq, None) is not None:
+            return
+        for block in self.table(seq):
+            self.allocator.release(block)
+        del self.tables[seq], self.lengths[seq]
+
+    # ---- sharing: fork, copy-on-write, rollback ----
+
+    def fork(self, parent: int, child: int) -> None:
+        """Start child as an alias of parent: copy the table and add an owner to each block, no data copied."""
+        self.create(child)
+        self.tables[child] = list(self.table(parent))
+        self.lengths[child] = self.lengths[parent]
+        for block in self.tables[child]:
+            self.allocator.share(block)
+
+    def copy_on_write(self, seq: int, index: int) -> None:
+        """Give seq a private copy of logical block `index` if another owner shares it; seq writes there next."""
+        table = self.tables[seq]
+        block = table[index]
+        if self.allocator.refcount(block) == 1:      # private already: write in place
+            return
+        [fresh] = self.allocator.allocate(1)
+        for pool in self.k_pools + self.v_pools:     # every layer, K and V
+            pool[fresh].copy_(pool[block])
+        self.allocator.release(block)                # the other owners keep the original untouched
+        table[index] = fresh
+
+    def truncate(self, seq: int, length: int) -> None:
+        """Roll seq back to its first `length` tokens (rejected draft tokens) and release the blocks past them."""
+        table = self.table(seq)
+        if not 0 <= length <= self.lengths[seq]:
+            raise ValueError(f"cannot truncate sequence {seq} of {self.lengths[seq]} tokens to {length}")
+        keep = blocks_needed(length, self.block_size)
+        for block in table[keep:]:
+            self.allocator.release(block)
+        del table[keep:]
+        # A kept block that is shared and now partial is not copied here: the next reserve copies it.
+        self.lengths[seq] = length
+
+    # ---- preemption: swap to host memory and back ----
+
+    def swap_out(self, seq: int) -> int:
+        """Copy seq's K/V to host memory and release its blocks (preemption); returns blocks copied."""
+        table = self.table(seq)
+        used = table[:blocks_needed(self.lengths[seq], self.block_size)]
+        index = torch.tensor(used, dtype=torch.long, device=self.device)
+        keys = torch.stack([pool[index] for pool in self.k_pools]).to("cpu")
+        values = torch.stack([pool[index] for pool in self.v_pools]).to("cpu")
+        self.swapped[seq] = SwappedSequence(self.lengths[seq], keys, values)
+        for block in table:
+            self.allocator.release(block)
+        del self.tables[seq], self.lengths[seq]
+        return len(used)
+
+    def swap_in(self, seq: int) -> int:
+        """Bring a swapped-out seq back into freshly allocated (maybe different) blocks; returns their number."""
+        if seq not in self.swapped:
+            raise KeyError(f"sequence {seq} is not swapped out")
+        saved = self.swapped[seq]
+        blocks = self.allocator.allocate(saved.keys.shape[1])   # all or nothing: on failure seq stays swapped
+        index = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        for layer, (k_pool, v_pool) in enumerate(zip(self.k_pools, self.v_pools)):
+            k_pool[index] = saved.keys[layer].to(self.device)
+            v_pool[index] = saved.values[layer].to(self.device)
+        del self.swapped[seq]
+        self.tables[seq], self.lengths[seq] = blocks, saved.length
+        return len(blocks)
+
+    # ---- accounting ----
+
+    @property
+    def blocks_in_use(self) -> int:
+        """Physical blocks some owner holds (tables or a prefix cache)."""
+        return self.num_blocks - self.allocator.num_free
+
+    @property
+    def tokens_stored(self) -> int:
+        """Tokens of all live sequences; a shared block's tokens count once per sequence."""
+        return sum(self.lengths.values())
+
+    @property
+    def slots_reserved(self) -> int:
+        """Token slots in the blocks in use."""
+        return self.blocks_in_use * self.block_size
+
+    def utilization(self) -> float:
+        """Tokens stored per slot reserved: about 1 minus the empty tails of last blocks (above 1 with sharing)."""
+        return self.tokens_stored / self.slots_reserved if self.slots_reserved else 0.0
+
+    # ---- helpers ----
+
+    def table(self, seq: int) -> list[int]:
+        """seq's block table, or a KeyError that says why there is none."""
+        if seq not in self.tables:
+            why = "swapped out (swap_in first)" if seq in self.swapped else "unknown (create it first)"
+            raise KeyError(f"sequence {seq} is {why}")
+        return self.tables[seq]
+
+    def plan(self, seq: int, n: int) -> tuple[range, int]:
+        """For n new tokens of seq: (existing table entries they write into, blocks to append)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"can only reserve an int >= 0 of tokens, got {n!r}")
+        table, start = self.table(seq), self.lengths[seq]
+        needed = blocks_needed(start + n, self.block_size)
+        written = range(start // self.block_size, min(len(table), needed)) if n else range(0)
+        return written, max(0, needed - len(table))
+
+    def blocks_wanted(self, seq: int, n: int) -> int:
+        """Free blocks reserve(seq, n) would take: new blocks plus copies of shared blocks it writes into."""
+        written, new = self.plan(seq, n)
+        return new + sum(self.allocator.refcount(self.tables[seq][i]) > 1 for i in written)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Scatter k, v into the pool through the slot mapping; return kv_lens [B] after this step."""
+        if self.block_tables is None or positions.shape[0] != len(self.batch):
+            raise ValueError(f"positions has {positions.shape[0]} rows but set_batch named {len(self.batch)}")
+        valid = positions >= 0
+        if layer == 0:
+            self.check_positions(positions, valid)
+        slots = slot_mapping(self.block_tables, positions, self.block_size)[valid]
+        blocks, offsets = slots // self.block_size, slots % self.block_size
+        self.k_pools[layer][blocks, :, offsets] = k.transpose(1, 2)[valid].to(self.dtype)
+        self.v_pools[layer][blocks, :, offsets] = v.transpose(1, 2)[valid].to(self.dtype)
+        newest = torch.where(valid, positions, -1).amax(dim=1) + 1 if positions.shape[1] else self.batch_lengths
+        kv_lens = torch.maximum(self.batch_lengths, newest)
+        if layer == len(self.k_pools) - 1:          # the last layer commits the new lengths
+            for seq, n in zip(self.batch, kv_lens.tolist()):
+                self.lengths[seq] = n
+            self.batch_lengths = kv_lens
+        return kv_lens
+
+    def gather(self, pool: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
+        """Each row's positions 0..kv_len-1 read back out of the pool: [B, Hkv, L, D], key j = position j."""
+        span = max(int(kv_lens.max()), 1)
+        history = torch.arange(span, device=self.device).expand(len(self.batch), span)
+        history = torch.where(history < kv_lens[:, None], history, -1)
+        # Positions past a row's kv_len map to slot -1; clamped to slot 0, they are masked by kv_lens.
+        slots = slot_mapping(self.block_tables, history, self.block_size).clamp(min=0)
+        return pool[slots // self.block_size, :, slots % self.block_size].transpose(1, 2)
+
+    def check_positions(self, positions: torch.Tensor, valid: torch.Tensor) -> None:
+        """Refuse writes below a row's length (history is immutable) or past what reserve made room for."""
+        below = positions < self.batch_lengths[:, None]
+        beyond = positions >= self.batch_capacity[:, None]
+        bad = valid & (below | beyond)
+        if bool(bad.any()):
+            row, column = (int(i) for i in bad.nonzero()[0])
+            seq, pos = self.batch[row], int(positions[row, column])
+            raise ValueError(f"sequence {seq}: position {pos} is outside [{self.lengths[seq]}, "
+                             f"{int(self.batch_capacity[row])}), the stored length and the reserved room")
