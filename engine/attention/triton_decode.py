@@ -160,14 +160,14 @@ def merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, num_heads, num_splits, h
     m = tl.load(m_ptr + row, mask=is_split, other=float("-inf"))
     l = tl.load(l_ptr + row, mask=is_split, other=0.0)
     acc = tl.load(acc_ptr + row[:, None] * D_PAD + dims[None, :], mask=is_split[:, None], other=0.0)
-    # Skip empty splits (l = 0, m = -inf): they saw no keys and must get weight 0, not exp(-inf - -inf) = NaN.
-    used = l > 0
-    m_all = tl.max(tl.where(used, m, float("-inf")), axis=0)
-    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # every split empty: a padding row, output 0
+    m_all = tl.max(m, axis=0)  # the global max; empty splits hold m = -inf and never win
+    # Every split empty (a padding row): subtract 0, so that weights are exp(-inf) = 0, not exp(-inf - -inf) = NaN.
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
     # Each split's sums were taken against its own max m_s; exp(m_s - m_all) rescales them to the global max.
-    weight = tl.where(used, tl.exp(m - m_all), 0.0)
+    # An empty split (m_s = -inf, l_s = 0) gets weight exp(-inf) = 0: it is skipped.
+    weight = tl.exp(m - m_all)
     total = tl.sum(weight * l, axis=0)
-    out = tl.sum(weight[:, None] * acc, axis=0) / tl.where(total > 0, total, 1.0)
+    out = tl.sum(weight[:, None] * acc, axis=0) / tl.where(total > 0, total, 1.0)  # all empty: padding, output 0
     tl.store(out_ptr + seq * s_ob + head * s_oh + dims * s_od, out.to(out_ptr.dtype.element_ty),
              mask=dims < head_dim)
 
