@@ -211,3 +211,33 @@ def test_allocator_bug_is_caught(check, bug, words):
 def test_half_allocation_names_the_leaked_blocks():
     message = fails(ch02.check_allocator_errors, HalfAllocate)
     assert "num_free 0" in message  # it took the last 2 free blocks before raising
+
+
+# ---- the chapter's small exercise ------------------------------------------------------------------
+
+def utilization(lengths, block_size):
+    return sum(lengths) / (sum(-(-n // block_size) for n in lengths) * block_size)
+
+
+def utilization_floor(lengths, block_size):
+    return sum(lengths) / (sum(n // block_size for n in lengths) * block_size)
+
+
+def utilization_of_a_reservation(lengths, block_size):
+    return sum(lengths) / (len(lengths) * max(lengths))
+
+
+def test_utilization_reference_passes(capsys):
+    ch02.check_paged_utilization(utilization)
+    assert "98.7%" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bug, words", [
+    (utilization_floor, ["paged_utilization([3, 4, 5, 9], block_size=4)", "21/28 = 0.7500", "whole block"]),
+    (utilization_of_a_reservation, ["21/28 = 0.7500", "got 0.5833"]),
+    (stub_function, ["not implemented yet"]),
+], ids=lambda x: getattr(x, "__name__", ""))
+def test_utilization_bug_is_caught(bug, words):
+    message = fails(ch02.check_paged_utilization, bug)
+    for word in words:
+        assert word in message, message

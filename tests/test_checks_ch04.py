@@ -192,3 +192,44 @@ def test_divergence_message_names_the_position():
     # The first token after the fork is at position 10 (a 10-token prompt, blocks of 4).
     assert "after fork + one different token each, sequence" in message
     assert "at position 10" in message
+
+
+# ---- the chapter's small exercise: blocks held by n forked samples ---------------------------------
+
+def shared_blocks(prompt_len, n, generated, block_size):
+    if generated == 0:
+        return -(-prompt_len // block_size)
+    full = prompt_len // block_size
+    return full + n * (-(-(prompt_len + generated) // block_size) - full)
+
+
+def shared_blocks_without_copies(prompt_len, n, generated, block_size):
+    """Forgets that each writer copies the shared partial block."""
+    prompt_blocks = -(-prompt_len // block_size)
+    return prompt_blocks + n * (-(-(prompt_len + generated) // block_size) - prompt_blocks)
+
+
+def unshared_blocks(prompt_len, n, generated, block_size):
+    return n * -(-(prompt_len + generated) // block_size)
+
+
+def test_shared_blocks_reference_passes(capsys):
+    ch04.check_shared_blocks(shared_blocks)
+    assert "129 blocks, not 504" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bug, words", [
+    (shared_blocks_without_copies, ["shared_blocks(prompt_len=40, n=4, generated=1, block_size=16)",
+                                    "expected 6, got 3", "once per sample"]),
+    (unshared_blocks, ["generated=0", "expected 3, got 12", "share every prompt block"]),
+], ids=lambda x: getattr(x, "__name__", ""))
+def test_shared_blocks_bug_is_caught(bug, words):
+    message = fails(ch04.check_shared_blocks, bug)
+    for word in words:
+        assert word in message, message
+
+
+def test_shared_blocks_stub_is_not_implemented():
+    def stub(*args):
+        raise NotImplementedError()
+    assert "not implemented yet" in fails(ch04.check_shared_blocks, stub)

@@ -442,3 +442,31 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
     passed(f"your BlockAllocator inside PagedKVCache (bs {bs}, {num_blocks} blocks in scrambled order): "
            f"prefill of lengths {lengths}, fork + free + newcomer, 4 decode steps; every logit matches "
            f"a from-scratch run within {ATOL:g}; the pool is whole again at the end")
+
+
+# --------------------------------------------------------------------------------------------------
+# the chapter's small exercise: utilization of paged memory
+# --------------------------------------------------------------------------------------------------
+
+@check
+def check_paged_utilization(paged_utilization) -> None:
+    """`paged_utilization(lengths, block_size)`: tokens stored / slots in the blocks they occupy."""
+    cases = [([3, 4, 5, 9], 4), ([300], 16), ([1], 16), ([16, 32, 48], 16), ([7, 100, 250, 499], 1),
+             ([20, 500, 137, 64, 65], 128)]
+    for lengths, bs in cases:
+        tokens = sum(lengths)
+        slots = sum(-(-n // bs) for n in lengths) * bs
+        want = tokens / slots
+        got = paged_utilization(list(lengths), bs)
+        try:
+            close = abs(float(got) - want) <= 1e-9
+        except (TypeError, ValueError):
+            close = False
+        if not close:
+            fail(f"paged_utilization({lengths}, block_size={bs})", f"{tokens}/{slots} = {want:.4f}",
+                 got if not isinstance(got, float) else f"{got:.4f}",
+                 "each sequence occupies blocks_needed(n, bs) whole blocks; utilization is the tokens "
+                 "stored over all the slots of those blocks"
+                 + (" (a sequence of 1 token still takes a whole block)" if min(lengths) < bs else ""))
+    passed(f"paged_utilization: {len(cases)} workloads; a 300-token sequence in blocks of 16 uses "
+           f"{paged_utilization([300], 16):.1%} of its slots")

@@ -348,3 +348,49 @@ def check_parallel_sampling(cls, n: int = 4, steps: int = 6) -> None:
     passed(f"parallel sampling: {n} samples of {steps} tokens from one {len(prompt)}-token prompt, "
            f"{len({tuple(s) for s in samples})} distinct; every logit matches a from-scratch run "
            f"within {ATOL:g}; the prompt's {full} full block(s) shared with refcount {n}")
+
+
+def _blocks_in_use_by_simulation(prompt_len: int, n: int, generated: int, block_size: int) -> int:
+    """Blocks a real PagedKVCache holds for n samples of a prompt, each having generated some tokens.
+
+    Only the bookkeeping runs (reserve and the length the forward pass would commit), no model.
+    """
+    from engine.cache.paged import PagedKVCache
+    from engine.checkpoint import tiny_config
+    need = n * (-(-(prompt_len + generated) // block_size) + 1)
+    cache = PagedKVCache(tiny_config(), need, block_size=block_size)
+    cache.create(0)
+    cache.reserve(0, prompt_len)
+    cache.lengths[0] = prompt_len
+    for s in range(1, n):
+        cache.fork(0, s)
+    for _ in range(generated):
+        for s in range(n):
+            cache.reserve(s, 1)
+            cache.lengths[s] += 1
+    return cache.blocks_in_use
+
+
+@check
+def check_shared_blocks(shared_blocks) -> None:
+    """`shared_blocks(prompt_len, n, generated, block_size)`: blocks in use for n forked samples."""
+    cases = [(40, 4, 0, 16), (40, 4, 1, 16), (40, 4, 9, 16), (40, 4, 30, 16), (32, 4, 1, 16),
+             (2000, 4, 1, 16), (10, 1, 5, 4), (9, 3, 3, 4), (1, 8, 1, 16), (100, 8, 100, 8)]
+    for prompt_len, n, generated, bs in cases:
+        want = _blocks_in_use_by_simulation(prompt_len, n, generated, bs)
+        got = shared_blocks(prompt_len, n, generated, bs)
+        if got != want:
+            partial = prompt_len % bs
+            if generated == 0:
+                hint = "before anyone writes, all n samples share every prompt block"
+            elif partial:
+                hint = (f"the {prompt_len // bs} full prompt block(s) stay shared; the partial block "
+                        f"({partial} of {bs} slots) ends up once per sample, since each writer copies it "
+                        "until the last one finds it private")
+            else:
+                hint = "the prompt ends on a block boundary: nothing is copied, each sample just adds blocks"
+            fail(f"shared_blocks(prompt_len={prompt_len}, n={n}, generated={generated}, block_size={bs}), "
+                 f"the blocks a PagedKVCache holds", want, got, hint)
+    passed(f"shared_blocks: {len(cases)} cases agree with a real PagedKVCache; 4 samples of a 2,000-token "
+           f"prompt after one token each hold {shared_blocks(2000, 4, 1, 16)} blocks, "
+           f"not {4 * -(-2001 // 16)}")
