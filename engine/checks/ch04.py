@@ -296,8 +296,9 @@ def check_fork_then_diverge(cls, block_size: int = 4, seed: int = 0) -> None:
 def parallel_samples(cls, prompt: list[int], seeds: list[int], steps: int, block_size: int = 4,
                      temperature: float = 1.0):
     """n-way parallel sampling through the cache: one prefill, a fork per extra sample, then each sample
-    draws its own tokens with its own torch.Generator. Returns (samples, per-step logits, cache)."""
+    draws its own tokens with its own seeded generator. Returns (samples, per-step logits, cache)."""
     from engine.generate import cached_step
+    from engine.sampling import SamplingParams, sample
     model = _model(0)
     n = len(seeds)
     cache = _cache(cls, num_blocks=8 + n * (steps // block_size + 2) + -(-len(prompt) // block_size),
@@ -306,14 +307,14 @@ def parallel_samples(cls, prompt: list[int], seeds: list[int], steps: int, block
     last = cached_step(model, cache, [0], [prompt])[0][-1]
     for s in range(1, n):
         cache.fork(0, s)
-    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-    samples = [[] for _ in range(n)]
+    params = [SamplingParams(temperature=temperature, seed=seed) for seed in seeds]
+    generators = [p.generator() for p in params]
+    samples: list[list[int]] = [[] for _ in range(n)]
     logits = [[last] for _ in range(n)]
     for _ in range(steps):
         new = []
         for s in range(n):
-            probs = torch.softmax(logits[s][-1].double() / temperature, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=generators[s]))
+            token = sample(logits[s][-1], params[s], generators[s])
             samples[s].append(token)
             new.append([token])
         out = cached_step(model, cache, list(range(n)), new)
