@@ -1,0 +1,70 @@
+"""What an nbgrader cell is, read from its metadata: solution, graded test, written answer, locked."""
+from __future__ import annotations
+
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+
+def meta(cell) -> dict:
+    """The cell's nbgrader metadata ({} for a plain cell)."""
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+def grade_id(cell) -> str | None:
+    """The nbgrader grade id, the name of an exercise in every table."""
+    return meta(cell).get("grade_id")
+
+
+def is_solution(cell) -> bool:
+    """A cell the learner writes in."""
+    return bool(meta(cell).get("solution"))
+
+
+def is_graded(cell) -> bool:
+    """A cell worth points: a test cell, or a manually graded answer."""
+    return bool(meta(cell).get("grade"))
+
+
+def is_test(cell) -> bool:
+    """An autograded code cell: graded, not a solution; it earns its points when it runs without error."""
+    return cell.get("cell_type") == "code" and is_graded(cell) and not is_solution(cell)
+
+
+def is_manual(cell) -> bool:
+    """A graded cell the instructor marks by hand (a written answer, or graded code the learner writes)."""
+    return is_graded(cell) and is_solution(cell)
+
+
+def is_locked(cell) -> bool:
+    """A cell the learner may not change; grading restores its source from the chapter."""
+    return bool(meta(cell).get("locked")) and not is_solution(cell)
+
+
+def points(cell) -> float:
+    """The points a graded cell is worth."""
+    return float(meta(cell).get("points", 0))
+
+
+def marked_regions(source: str, begin: str, end: str) -> list[list[str]]:
+    """The lines strictly inside each begin/end marker pair, in order."""
+    regions: list[list[str]] = []
+    current: list[str] | None = None
+    for line in source.splitlines():
+        if line.strip() == begin:
+            current = []
+        elif line.strip() == end and current is not None:
+            regions.append(current)
+            current = None
+        elif current is not None:
+            current.append(line)
+    return regions
+
+
+def solution_text(cell) -> list[str]:
+    """The lines a learner must not see: inside the solution regions, or the whole cell if it has none."""
+    if not is_solution(cell):
+        return []
+    regions = marked_regions(cell.source, BEGIN_SOLUTION, END_SOLUTION)
+    if regions:
+        return [line for region in regions for line in region]
+    return cell.source.splitlines()

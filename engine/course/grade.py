@@ -1,0 +1,205 @@
+"""`make grade [DIR=notebooks]`: run each learner notebook offline on the CPU and score its tests.
+
+The scoring is nbgrader's: every graded test cell's source is restored from the chapter (hidden tests
+included, so an edited test cannot change the score), the cell earns its points when it runs without an
+error or stderr output (`nbgrader.utils.determine_grade`), and written answers are left to the
+instructor. A syntax error, an endless loop or a crashed kernel costs only the points it touches: the
+kernel is interrupted or restarted, the cells that had run cleanly are replayed, and grading goes on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+from nbgrader.utils import determine_grade
+
+from . import cells
+from .kernel import Kernel
+from .paths import chapter_files, chapter_name, offline_cpu_environ, repo_root
+from .source import load_chapter
+
+TIMEOUT_ENV = "GRADE_CELL_TIMEOUT"
+DEFAULT_TIMEOUT_S = 60
+
+
+@dataclass
+class Exercise:
+    """One graded cell's result. earned is None for a cell graded by hand."""
+
+    grade_id: str
+    possible: float
+    earned: float | None
+    kind: str  # "test" or "manual"
+    message: str = ""
+
+
+@dataclass
+class ChapterGrade:
+    """A chapter's exercises, and how long running it took."""
+
+    chapter: str
+    notebook: str
+    exercises: list[Exercise] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def earned(self) -> float:
+        return sum(e.earned or 0 for e in self.exercises if e.kind == "test")
+
+    @property
+    def possible(self) -> float:
+        return sum(e.possible for e in self.exercises if e.kind == "test")
+
+
+def cells_to_run(learner, chapter) -> list:
+    """The learner's cells, with every locked cell (tests included) as the chapter has it.
+
+    Cells the learner deleted that hold tests are put back after the cell that preceded them in the
+    chapter, so a missing test scores 0 instead of silently vanishing from the table.
+    """
+    by_id = {cells.grade_id(c): c for c in chapter.cells if cells.grade_id(c)}
+    result, placed = [], set()
+    for cell in learner.cells:
+        original = by_id.get(cells.grade_id(cell))
+        if original is None:
+            result.append(cell)  # the learner's own cell
+            continue
+        placed.add(cells.grade_id(cell))
+        if cells.is_locked(original) or cells.is_graded(original) and not cells.is_solution(original):
+            result.append(nbformat.from_dict(dict(original, outputs=[]) if original.cell_type == "code"
+                                             else dict(original)))
+        else:
+            restored = nbformat.from_dict(dict(cell))
+            restored.metadata["nbgrader"] = dict(cells.meta(original), **{
+                k: v for k, v in cells.meta(cell).items() if k == "checksum"})
+            result.append(restored)
+    for index, original in enumerate(chapter.cells):
+        if cells.is_test(original) and cells.grade_id(original) not in placed:
+            earlier = [cells.grade_id(c) for c in chapter.cells[:index]]
+            at = max((i + 1 for i, c in enumerate(result) if cells.grade_id(c) in earlier), default=len(result))
+            result.insert(at, nbformat.from_dict(dict(original, outputs=[])))
+    return result
+
+
+def grade_notebook(notebook_path: Path, chapter_path: Path, timeout: float) -> ChapterGrade:
+    """Run one learner notebook against its chapter source; the score of each graded cell."""
+    started = time.monotonic()
+    chapter = load_chapter(chapter_path)
+    to_run = cells_to_run(nbformat.read(notebook_path, as_version=4), chapter)
+    ran_cleanly: list = []  # cells to replay after a restart, so later exercises have their definitions
+    failed_above: dict[int, str] = {}  # cell index -> the failing solution cell above it, if any
+    latest_failure = ""
+    with Kernel(cwd=notebook_path.parent.resolve(), env=offline_cpu_environ()) as kernel:
+        for index, cell in enumerate(to_run):
+            if cell.cell_type != "code":
+                continue
+            run = kernel.run(cell.source, timeout)
+            cell.outputs = run.outputs
+            if not run.usable:
+                kernel.restart()
+                for earlier in ran_cleanly:
+                    kernel.run(earlier.source, timeout)
+            if run.status == "ok" and not cells.is_test(cell):
+                ran_cleanly.append(cell)
+            if cells.is_solution(cell):
+                latest_failure = "" if run.status == "ok" else f"{cells.grade_id(cell)}: {first_failure(cell)}"
+            failed_above[index] = latest_failure
+    result = ChapterGrade(chapter_name(chapter_path), str(notebook_path))
+    for index, cell in enumerate(to_run):
+        if cells.is_graded(cell):
+            result.exercises.append(_score(cell, failed_above.get(index, "")))
+    result.seconds = round(time.monotonic() - started, 2)
+    return result
+
+
+def _score(cell, failed_above: str) -> Exercise:
+    """nbgrader's score for one graded cell, with the first line of what went wrong (and the failing
+    solution cell above it, the likely cause)."""
+    earned, possible = determine_grade(cell)
+    if cells.is_manual(cell):
+        answered = earned is None
+        return Exercise(cells.grade_id(cell), possible, None, "manual",
+                        "answered: graded by hand" if answered else "not answered")
+    message = "" if earned == possible else first_failure(cell)
+    if message and failed_above:
+        message += f" (after {failed_above})"
+    return Exercise(cells.grade_id(cell), possible, earned, "test", message)
+
+
+def first_failure(cell, width: int = 110) -> str:
+    """The first line of the cell's error (or stderr) output, shortened to `width` characters."""
+    for output in cell.get("outputs", []):
+        if output.output_type == "error":
+            text = f"{output.ename}: {output.evalue}".strip().rstrip(":")
+        elif output.output_type == "stream" and output.name == "stderr":
+            text = "wrote to stderr: " + "".join(output.text).strip()
+        else:
+            continue
+        line = text.splitlines()[0] if text.splitlines() else text
+        return line if len(line) <= width else line[: width - 3] + "..."
+    return ""
+
+
+def grade_directory(notebook_dir: Path, solutions_dir: Path, timeout: float) -> tuple[list[ChapterGrade], list[str]]:
+    """Grade every notebook in notebook_dir named after a chapter; (grades, notes about skipped files)."""
+    chapters = {chapter_name(path): path for path in chapter_files(solutions_dir)}
+    grades, notes = [], []
+    for notebook in sorted(notebook_dir.glob("*.ipynb")):
+        if notebook.stem not in chapters:
+            notes.append(f"skipped {notebook.name}: no chapter {notebook.stem}.py in {solutions_dir}")
+            continue
+        grades.append(grade_notebook(notebook, chapters[notebook.stem], timeout))
+    for name in sorted(set(chapters) - {Path(g.notebook).stem for g in grades}):
+        notes.append(f"no notebook for {name} in {notebook_dir}")
+    return grades, notes
+
+
+def format_table(grades: list[ChapterGrade], notes: list[str]) -> str:
+    """The score table: chapter, exercise, points, and what went wrong; then the total."""
+    rows = [("chapter", "exercise", "points", "message")]
+    for grade in grades:
+        for e in grade.exercises:
+            score = f"{e.earned:g}/{e.possible:g}" if e.kind == "test" else f"-/{e.possible:g}"
+            rows.append((grade.chapter, e.grade_id, score, e.message))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3] for row in rows]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    earned = sum(g.earned for g in grades)
+    possible = sum(g.possible for g in grades)
+    manual = sum(e.possible for g in grades for e in g.exercises if e.kind == "manual")
+    lines.append(f"total: {earned:g}/{possible:g} points" + (f" (+{manual:g} graded by hand)" if manual else ""))
+    return "\n".join(lines + notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Grade DIR (default notebooks/) and print the table (or --json); exit 0 whatever the score."""
+    root = repo_root()
+    parser = argparse.ArgumentParser(prog="python -m engine.course.grade", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dir", nargs="?", type=Path, default=root / "notebooks",
+                        help="folder of chNN_topic.ipynb notebooks (default: notebooks/)")
+    parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
+    parser.add_argument("--timeout", type=float, default=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)),
+                        help=f"seconds per cell (default ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT_S})")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    if not args.dir.is_dir():
+        parser.error(f"{args.dir} is not a folder of notebooks")
+    grades, notes = grade_directory(args.dir, args.solutions, args.timeout)
+    if args.json:
+        print(json.dumps({"chapters": [dict(asdict(g), earned=g.earned, possible=g.possible) for g in grades],
+                          "earned": sum(g.earned for g in grades),
+                          "possible": sum(g.possible for g in grades), "notes": notes}, indent=1))
+    else:
+        print(format_table(grades, notes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The rules every chapter's nbgrader metadata follows; `python -m engine.course.lint [FILES]`.
+
+A chapter that breaks one would release, but then grade wrongly (a duplicate grade id merges two
+exercises; an unlocked test can be edited; an exercise with no test earns nothing), so the test suite
+lints every chapter in solutions/.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from . import cells
+from .include import IncludeError
+from .paths import chapter_files
+from .source import load_chapter
+
+
+def lint_chapter(path: Path | str) -> list[str]:
+    """Every rule the chapter breaks, one message each ('ch02_x.py cell 4 (grade_id y): ...')."""
+    path = Path(path)
+    try:
+        notebook = load_chapter(path)
+    except (IncludeError, ValueError, SyntaxError) as error:
+        return [f"{path.name}: {error}"]
+    problems: list[str] = []
+    if notebook.metadata.get("kernelspec", {}).get("name") != "python3":
+        problems.append(f"{path.name}: the jupytext header needs a kernelspec named python3")
+    seen: dict[str, int] = {}
+    for index, cell in enumerate(notebook.cells):
+        where = f"{path.name} cell {index + 1}" + (f" (grade_id {cells.grade_id(cell)})" if cells.grade_id(cell) else "")
+        problems += [f"{where}: {message}" for message in _cell_problems(cell)]
+        grade_id = cells.grade_id(cell)
+        if grade_id in seen:
+            problems.append(f"{where}: grade_id also used by cell {seen[grade_id] + 1}")
+        elif grade_id:
+            seen[grade_id] = index
+    problems += [f"{path.name}: {message}" for message in _ungraded_exercises(notebook.cells)]
+    return problems
+
+
+def _cell_problems(cell) -> list[str]:
+    """The rules one cell breaks on its own."""
+    meta = cells.meta(cell)
+    if not meta:
+        return ["no nbgrader metadata (every cell has it, so the release and the grader agree on cells)"]
+    problems = []
+    if not meta.get("grade_id"):
+        problems.append("no grade_id")
+    if meta.get("schema_version") != 3:
+        problems.append("schema_version must be 3")
+    for key in ("grade", "solution", "locked"):
+        if not isinstance(meta.get(key), bool):
+            problems.append(f"{key} must be true or false")
+    if cells.is_graded(cell) and not (isinstance(meta.get("points"), (int, float)) and meta["points"] > 0):
+        problems.append("a graded cell needs points > 0")
+    if cells.is_test(cell) and not meta.get("locked"):
+        problems.append("a graded test cell must be locked, or the learner could edit the test")
+    if cells.is_solution(cell) and meta.get("locked"):
+        problems.append("a solution cell cannot be locked")
+    if cells.is_graded(cell) and not cells.is_solution(cell) and cell.cell_type != "code":
+        problems.append("a graded cell that is not a solution must be code (a test)")
+    problems += _marker_problems(cell, cells.BEGIN_SOLUTION, cells.END_SOLUTION, allowed=cells.is_solution(cell))
+    problems += _marker_problems(cell, cells.BEGIN_HIDDEN, cells.END_HIDDEN, allowed=cells.is_test(cell))
+    return problems
+
+
+def _marker_problems(cell, begin: str, end: str, allowed: bool) -> list[str]:
+    """Unbalanced or nested begin/end markers, or markers in a cell where nbgrader ignores them."""
+    depth, problems = 0, []
+    for number, line in enumerate(cell.source.splitlines(), start=1):
+        marker = line.strip()
+        if marker not in (begin, end):
+            continue
+        if not allowed:
+            problems.append(f"line {number}: {marker!r} in a cell where nbgrader ignores it")
+        if marker == begin:
+            if depth:
+                problems.append(f"line {number}: {begin!r} inside another region")
+            depth += 1
+        elif depth == 0:
+            problems.append(f"line {number}: {end!r} without a {begin!r} before it")
+        else:
+            depth -= 1
+    if depth:
+        problems.append(f"{begin!r} never closed by {end!r}")
+    return problems
+
+
+def _ungraded_exercises(notebook_cells) -> list[str]:
+    """Solution cells with no graded test after them before the next solution cell (or the end)."""
+    problems, open_exercise = [], None
+    for cell in notebook_cells:
+        if cells.is_solution(cell) and not cells.is_graded(cell):
+            if open_exercise:
+                problems.append(f"exercise {open_exercise!r} has no graded test cell before the next one")
+            open_exercise = cells.grade_id(cell) or "?"
+        elif cells.is_test(cell):
+            open_exercise = None
+    if open_exercise:
+        problems.append(f"exercise {open_exercise!r} has no graded test cell after it")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Lint the given chapter files (default: all of solutions/); exit 1 if any rule is broken."""
+    paths = [Path(arg) for arg in (sys.argv[1:] if argv is None else argv)] or chapter_files()
+    problems = [problem for path in paths for problem in lint_chapter(path)]
+    for problem in problems:
+        print(problem)
+    print(f"{len(paths)} chapter(s), {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
