@@ -6,8 +6,10 @@ interpreter finishes this file in seconds.
 """
 
 import math
+import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -249,6 +251,34 @@ def test_prefill_is_causal():
     assert not torch.allclose(after[:, :, 23], before[:, :, 23])
 
 
+@needs_triton
+def test_kernels_read_strided_views():
+    """q transposed from [B, T, H, D], positions a column slice, pools a slice of a bigger pool: no copies needed."""
+    positions, kv_lens = ragged_prefill([6, 2], [10, 30], steps=6)
+    k_pool, v_pool, tables, _ = make_pool(kv_lens.tolist())
+    k_view, v_view = torch.cat([k_pool, k_pool], dim=3)[..., :32], torch.cat([v_pool, v_pool], dim=3)[..., 32:]
+    q = make_queries(2, 6, 4, 32, torch.float32).transpose(1, 2)  # [B, H=4, T=6, D], T not the inner stride
+    assert not (q.is_contiguous() or k_view.is_contiguous())
+    expected = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert_close(paged_prefill(q, k_view, v_view, tables, positions, kv_lens), expected, torch.float32,
+                 rows=positions >= 0)
+    last = positions[:, :1] + torch.tensor([[5], [1]], device=DEVICE)  # a [B, 1] column of a wider tensor
+    wide = torch.cat([last, last], dim=1)[:, 1:]
+    q1 = q[:, :, :1]
+    assert_close(paged_decode(q1, k_view, v_view, tables, wide, kv_lens, num_splits=2),
+                 paged_attention_reference(q1, k_pool, v_pool, tables, last, kv_lens), torch.float32)
+
+
+@needs_triton
+@pytest.mark.skipif(HAS_CUDA, reason="checked on the CPU only; on a GPU it would cost a sync per layer")
+def test_kernel_path_rejects_a_table_too_narrow():
+    """On the CPU the kernels refuse a kv_len their table cannot hold instead of reading past the table."""
+    k_pool, v_pool, tables, kv_lens = make_pool([40])
+    q = make_queries(1, 2, 1, 32, torch.float32)
+    with pytest.raises(ValueError, match="needs 3 blocks of 16, but block_tables has only 2"):
+        paged_decode(q, k_pool, v_pool, tables[:, :2], decode_positions(kv_lens), kv_lens)
+
+
 # ----- the dispatch -------------------------------------------------------------------------------
 
 
@@ -276,6 +306,18 @@ def test_auto_backend_uses_torch_on_cpu_and_rejects_unknown_names():
         paged_attention(*args, backend="cuda")
 
 
+def test_split_heuristic_splits_only_when_the_gpu_would_idle(monkeypatch):
+    """Many (sequence, KV head) programs: no split; one long sequence: up to 16; a short one: none; CPU: none."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    cuda = torch.device("cuda")
+    choose = attention_pkg.choose_num_splits
+    assert choose(batch=64, kv_heads=8, max_blocks=1024, block_size=16, device=cuda) == 1
+    assert choose(batch=1, kv_heads=8, max_blocks=1024, block_size=16, device=cuda) == 16
+    assert choose(batch=4, kv_heads=8, max_blocks=1024, block_size=16, device=cuda) == 9  # ceil(264 / 32)
+    assert choose(batch=1, kv_heads=8, max_blocks=8, block_size=16, device=cuda) == 1
+    assert choose(batch=1, kv_heads=8, max_blocks=1024, block_size=16, device=torch.device("cpu")) == 1
+
+
 def test_triton_missing_gives_a_clear_error(monkeypatch):
     """Without triton (macOS, Windows) backend="triton" says why and where the kernels do run."""
     monkeypatch.setattr(attention_pkg, "triton_installed", lambda: False)
@@ -285,8 +327,10 @@ def test_triton_missing_gives_a_clear_error(monkeypatch):
         paged_attention(q, k_pool, v_pool, tables, decode_positions(kv_lens), kv_lens, backend="triton")
 
 
-def test_import_is_cheap_and_works_without_triton():
-    """`import engine.attention` does not import triton, and the torch backend works with triton blocked."""
+@needs_triton
+def test_import_is_cheap_works_without_triton_and_kernels_pick_their_mode():
+    """In a fresh process: `import engine.attention` leaves triton alone, the torch backend works with triton
+    blocked (as on macOS), and importing a kernel module straight away picks the interpreter without CUDA."""
     script = (
         "import sys; import engine.attention as a; assert 'triton' not in sys.modules, 'imported triton'\n"
         "sys.modules['triton'] = None  # now `import triton` fails, as on macOS\n"
@@ -294,8 +338,12 @@ def test_import_is_cheap_and_works_without_triton():
         "import torch; pool = torch.randn(2, 1, 4, 8); t = torch.tensor([[1, 0]]); n = torch.tensor([5])\n"
         "out = a.paged_attention(torch.randn(1, 1, 1, 8), pool, pool, t, torch.tensor([[4]]), n)\n"
         "assert out.shape == (1, 1, 1, 8)\n"
+        "del sys.modules['triton']\n"
+        "import engine.attention.triton_decode as d\n"
+        "assert d.INTERPRETED == (not torch.cuda.is_available()), d.INTERPRETED\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
 
 
@@ -308,7 +356,8 @@ def test_interpreter_switch_must_come_before_the_kernels(monkeypatch):
     assert attention_pkg.use_interpreter_without_gpu() is True
     assert attention_pkg.os.environ["TRITON_INTERPRET"] == "1"
     monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setitem(sys.modules, attention_pkg.KERNEL_MODULES[0], object())  # "already imported, compiled"
+    compiled = SimpleNamespace(INTERPRETED=False)  # a kernel module that defined its kernels for a GPU
+    monkeypatch.setitem(sys.modules, attention_pkg.KERNEL_MODULES[0], compiled)
     with pytest.raises(RuntimeError, match="Set TRITON_INTERPRET=1 before the first import"):
         attention_pkg.use_interpreter_without_gpu()
 

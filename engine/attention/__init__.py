@@ -49,12 +49,13 @@ def use_interpreter_without_gpu() -> bool:
         return True
     if torch.cuda.is_available():
         return False
-    defined = [name for name in KERNEL_MODULES if name in sys.modules]
-    if defined:
+    # A kernel module records INTERPRETED once its kernels exist (a module still importing has not yet).
+    compiled = [name for name in KERNEL_MODULES if getattr(sys.modules.get(name), "INTERPRETED", None) is False]
+    if compiled:
         raise RuntimeError(
-            f"{', '.join(defined)} were imported without TRITON_INTERPRET=1 on a machine without CUDA, so their "
-            "kernels are compiled for a GPU that is not there. Set TRITON_INTERPRET=1 before the first import of "
-            "triton or engine.attention's kernels (e.g. at the top of the notebook or in the shell), then restart."
+            f"{', '.join(compiled)} already defined its kernels without TRITON_INTERPRET=1 on a machine without "
+            "CUDA, so they are compiled for a GPU that is not there. Set TRITON_INTERPRET=1 before the first import "
+            "of triton or engine.attention's kernels (at the top of the notebook, or in the shell), then restart."
         )
     os.environ["TRITON_INTERPRET"] = "1"
     return True

@@ -24,7 +24,7 @@ INTERPRETED = prepare_triton()  # before `import triton`: kernels are interprete
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from engine.attention.paged_reference import check_paged_inputs  # noqa: E402
+from engine.attention.paged_reference import check_paged_inputs, check_table_covers  # noqa: E402
 
 MIN_DOT = 16  # tl.dot needs every tile side >= 16 to compile on a GPU (the interpreter accepts less)
 
@@ -186,13 +186,19 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def check_runnable(q: torch.Tensor) -> None:
-    """Raise when these kernels cannot run on q's device: compiled kernels need CUDA tensors."""
-    if q.device.type != "cuda" and not INTERPRETED:
-        raise RuntimeError(
-            f"the Triton kernels were compiled for a GPU but the tensors are on {q.device}; move them to CUDA, "
-            "or set TRITON_INTERPRET=1 before engine.attention's kernels are imported to run them on the CPU"
-        )
+def check_runnable(q: torch.Tensor, block_tables: torch.Tensor, kv_lens: torch.Tensor, block_size: int) -> None:
+    """Raise when these kernels cannot run on q's device (compiled kernels need CUDA tensors).
+
+    On the CPU also check that every table is wide enough for its kv_len: the interpreter
+    would silently read past it. On a GPU that check would cost a device sync per layer.
+    """
+    if q.device.type != "cuda":
+        if not INTERPRETED:
+            raise RuntimeError(
+                f"the Triton kernels were compiled for a GPU but the tensors are on {q.device}; move them to CUDA, "
+                "or set TRITON_INTERPRET=1 before engine.attention's kernels are imported to run them on the CPU"
+            )
+        check_table_covers(block_tables, kv_lens, block_size)
 
 
 def paged_decode(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_splits: int = 1,
@@ -207,9 +213,11 @@ def paged_decode(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_spli
         raise ValueError(f"decode takes one query per sequence (T=1), got T={q.shape[2]}")
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    check_runnable(q)
     batch, q_heads, _, head_dim = q.shape
     kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
+    check_runnable(q, block_tables, kv_lens, block_size)
+    # The kernels index these small tensors as dense rows; q, out and the pools may be any strided views.
+    block_tables, q_positions, kv_lens = block_tables.contiguous(), q_positions.contiguous(), kv_lens.contiguous()
     group = q_heads // kv_heads
     tile_n, d_pad, group_pad = tile_sizes(block_size, head_dim, group)
     block_n = block_n or tile_n

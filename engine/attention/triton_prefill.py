@@ -59,9 +59,10 @@ def paged_prefill(q, k_pool, v_pool, block_tables, q_positions, kv_lens, block_m
     Returns [B, Hq, T, D] in q's dtype; padding rows come back as zeros.
     """
     check_paged_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
-    check_runnable(q)
     batch, q_heads, steps, head_dim = q.shape
     kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
+    check_runnable(q, block_tables, kv_lens, block_size)
+    block_tables, kv_lens = block_tables.contiguous(), kv_lens.contiguous()  # indexed as dense rows
     tile_n, d_pad, _ = tile_sizes(block_size, head_dim, 1)
     block_n = block_n or tile_n
     block_m = block_m or max(MIN_DOT, min(64, triton.next_power_of_2(steps)))
