@@ -168,7 +168,7 @@ def format_table(grades: list[ChapterGrade], notes: list[str]) -> str:
             score = f"{e.earned:g}/{e.possible:g}" if e.kind == "test" else f"-/{e.possible:g}"
             rows.append((grade.chapter, e.grade_id, score, e.message))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = ["  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3] for row in rows]
+    lines = [("  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3]).rstrip() for row in rows]
     lines.insert(1, "-" * max(len(line) for line in lines))
     earned = sum(g.earned for g in grades)
     possible = sum(g.possible for g in grades)

@@ -23,7 +23,7 @@ def load_chapter(path: Path | str, root: Path | None = None) -> nbformat.Noteboo
     downstream pairs the notebook back to a text file.
     """
     path = Path(path)
-    root = Path(root) if root else repo_root(path.parent)
+    root = Path(root) if root else _root_for(path)
     notebook = jupytext.read(path, fmt="py:percent")
     notebook.metadata.pop("jupytext", None)
     for index, cell in enumerate(notebook.cells):
@@ -37,6 +37,14 @@ def load_chapter(path: Path | str, root: Path | None = None) -> nbformat.Noteboo
     _dedupe_ids(notebook)
     nbformat.validate(notebook)
     return notebook
+
+
+def _root_for(path: Path) -> Path:
+    """Includes resolve against the repository holding the chapter, else the one holding this package."""
+    try:
+        return repo_root(path.parent)
+    except FileNotFoundError:
+        return repo_root()
 
 
 def _describe(cell, index: int) -> str:

@@ -1,0 +1,125 @@
+"""`make grade` on the fixture chapter: nbgrader's scoring, and a run that survives anything a learner does.
+
+Each broken notebook is the full solution with one exercise damaged; it must lose exactly the points of
+the tests that exercise reaches, and nothing else.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.course.grade import ChapterGrade, Exercise, format_table, grade_notebook
+from engine.course.source import load_chapter
+from fixtures.course_support import FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, REPO, with_cell_edited, write_notebook
+
+NAME = "ch99_fixture"
+FULL = {"test_increment": 2, "test_reset": 1, "test_triple": 2, "test_square": 1}
+TIMEOUT_S = 4
+
+
+def earned(tmp_path, notebook, timeout=TIMEOUT_S) -> dict[str, float]:
+    """{grade_id: earned} for the autograded cells of `notebook`, graded as the fixture chapter."""
+    result = grade_notebook(write_notebook(notebook, tmp_path, NAME), FIXTURE_CHAPTER, timeout)
+    assert [e.grade_id for e in result.exercises if e.kind == "manual"] == ["why"]
+    return {e.grade_id: e.earned for e in result.exercises if e.kind == "test"}
+
+
+def losing(*grade_ids):
+    """The full score with the given tests at zero."""
+    return {grade_id: 0 if grade_id in grade_ids else points for grade_id, points in FULL.items()}
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return load_chapter(FIXTURE_CHAPTER)
+
+
+@pytest.mark.slow
+def test_the_solution_earns_full_marks(tmp_path, solution):
+    assert earned(tmp_path, solution) == FULL
+
+
+@pytest.mark.slow
+def test_a_planted_bug_costs_exactly_its_exercise(tmp_path, solution):
+    buggy = with_cell_edited(solution, "triple", lambda s: s.replace("double(x) + x", "double(x) + 1"))
+    assert earned(tmp_path, buggy) == losing("test_triple")
+
+
+@pytest.mark.slow
+def test_a_syntax_error_costs_only_the_broken_cells_tests(tmp_path, solution):
+    broken = with_cell_edited(solution, "counter", lambda s: s.replace("self.value += by", "self.value += by )"))
+    assert earned(tmp_path, broken) == losing("test_increment", "test_reset")
+
+
+@pytest.mark.slow
+def test_an_endless_loop_is_interrupted_and_grading_goes_on(tmp_path, solution):
+    looping = with_cell_edited(solution, "triple", lambda s: s.replace("return double(x) + x", "while True:\n        pass"))
+    result = grade_notebook(write_notebook(looping, tmp_path, NAME), FIXTURE_CHAPTER, TIMEOUT_S)
+    by_id = {e.grade_id: e for e in result.exercises}
+    assert by_id["test_triple"].earned == 0
+    assert by_id["test_triple"].message.startswith(f"CellTimeoutError: the cell ran longer than {TIMEOUT_S} s")
+    assert {e.grade_id: e.earned for e in result.exercises if e.kind == "test"} == losing("test_triple")
+
+
+@pytest.mark.slow
+def test_a_loop_that_ignores_interrupts_gets_a_fresh_kernel_and_later_cells_their_definitions(tmp_path, solution):
+    # test_square needs `double` from the setup cell: it only passes if the restart replayed that cell.
+    stubborn = with_cell_edited(solution, "triple", lambda s: s.replace("return double(x) + x", (
+        "import time\n    while True:\n        try:\n            time.sleep(0.05)\n"
+        "        except KeyboardInterrupt:\n            pass")))
+    assert earned(tmp_path, stubborn) == losing("test_triple")
+
+
+@pytest.mark.slow
+def test_a_dead_kernel_is_restarted_and_only_that_exercise_is_lost(tmp_path, solution):
+    # os._exit inside increment: the kernel dies in test_increment; reset, triple and square still pass.
+    dying = with_cell_edited(solution, "counter", lambda s: s.replace("self.value += by", "import os; os._exit(1)")
+                             .replace("Counter().increment(5)", ""))
+    assert earned(tmp_path, dying) == losing("test_increment")
+
+
+@pytest.mark.slow
+def test_an_edited_test_cell_is_restored_from_the_chapter_with_its_hidden_tests(tmp_path, solution):
+    # The learner "fixes" their failing tests by editing them; the originals run instead, hidden ones too.
+    cheating = with_cell_edited(solution, "test_triple", lambda s: "pass")
+    cheating = with_cell_edited(cheating, "triple", lambda s: s.replace("double(x) + x", "0"))
+    cheating = with_cell_edited(cheating, "test_increment", lambda s: s.split("### BEGIN HIDDEN TESTS")[0])
+    cheating = with_cell_edited(cheating, "counter", lambda s: s.replace("return self.value", (
+        "return self.value if self.value >= 0 else 0")))  # passes the visible tests, not the hidden one
+    assert earned(tmp_path, cheating) == losing("test_triple", "test_increment")
+
+
+@pytest.mark.slow
+def test_a_deleted_test_cell_is_put_back_and_scored(tmp_path, solution):
+    missing = with_cell_edited(solution, "triple", lambda s: s.replace("double(x) + x", "0"))
+    missing.cells = [cell for cell in missing.cells if cell.id != "test_triple"]
+    assert earned(tmp_path, missing) == losing("test_triple")
+
+
+@pytest.mark.slow
+def test_grade_command_prints_the_table_and_json_and_exits_zero(tmp_path, solution):
+    write_notebook(with_cell_edited(solution, "square", lambda s: s.replace("x * x", "x + x")), tmp_path, NAME)
+    command = [sys.executable, "-m", "engine.course.grade", str(tmp_path), "--solutions", str(FIXTURE_SOLUTIONS)]
+    table = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env={"GRADE_CELL_TIMEOUT": "9",
+                           "PATH": "/usr/bin:/bin"})
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["chapter", "exercise", "points", "message"]
+    square = next(line for line in lines if "test_square" in line)
+    assert square.split()[:3] == [NAME, "test_square", "0/1"]
+    assert "AssertionError: square(3) should be 9, got 6" in square
+    assert "why" in table.stdout and "-/1" in table.stdout and "answered: graded by hand" in table.stdout
+    assert lines[-1] == "total: 5/6 points (+1 graded by hand)"
+    report = json.loads(subprocess.run(command + ["--json"], capture_output=True, text=True, cwd=REPO).stdout)
+    assert (report["earned"], report["possible"]) == (5, 6)
+
+
+def test_table_format_lists_every_exercise_and_the_total():
+    grade = ChapterGrade("ch01_x", "nb", [Exercise("t1", 2, 2, "test"), Exercise("t2", 3, 0, "test", "Boom"),
+                                          Exercise("q", 1, None, "manual", "not answered")])
+    table = format_table([grade], ["no notebook for ch02_y in notebooks"])
+    assert [line.split() for line in table.splitlines()[2:5]] == [
+        ["ch01_x", "t1", "2/2"], ["ch01_x", "t2", "0/3", "Boom"], ["ch01_x", "q", "-/1", "not", "answered"]]
+    assert "total: 2/5 points (+1 graded by hand)" in table
+    assert table.endswith("no notebook for ch02_y in notebooks")
