@@ -1,0 +1,278 @@
+"""The scheduler: each step, decide which sequences run and how many tokens each, under two budgets.
+
+The token budget bounds the work of one forward pass (prefill chunks and decode tokens together). The
+KV budget bounds memory: every token scheduled must have room reserved in the cache *before* any
+compute. When a reservation fails the scheduler frees memory in order of cost: first prefix-cache
+blocks nobody uses, then the newest running sequence, preempted by swap or by recompute.
+
+The scheduler speaks the cache protocol (create / reserve / free) plus, when the cache has them,
+`allocator` (a block pool), `fork`, `swap_out` and `swap_in`. A contiguous cache that must know a
+sequence's final size up front says so with `reserves_up_front = True`; `create` then gets it.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.serve.request import RequestTooLarge, Sequence, Status
+
+
+@dataclass
+class SchedulerConfig:
+    """The knobs of one scheduler: budgets, the admission margin, and the preemption policy."""
+
+    max_num_seqs: int = 256           # sequences in one batch
+    max_batched_tokens: int = 512     # tokens in one forward: prefill chunks + decodes
+    margin_blocks: int = 2            # free blocks left after admitting a prompt (room to decode)
+    preemption: str = "auto"          # "recompute", "swap", or "auto" (by length, see preemption_mode)
+    swap_min_tokens: int = 128        # auto: swap victims at least this long, recompute shorter ones
+    swap_space_tokens: int = 1 << 20  # host memory for swapped KV, in tokens
+
+    def __post_init__(self):
+        if self.preemption not in ("recompute", "swap", "auto"):
+            raise ValueError(f"preemption must be 'recompute', 'swap' or 'auto', got {self.preemption!r}")
+        if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.margin_blocks < 0:
+            raise ValueError(f"need max_num_seqs >= 1, max_batched_tokens >= 1, margin_blocks >= 0; got "
+                             f"{self.max_num_seqs}, {self.max_batched_tokens}, {self.margin_blocks}")
+
+
+@dataclass
+class Chunk:
+    """One row of the next forward: `count` tokens of `seq`, starting at position `start`."""
+
+    seq: Sequence
+    start: int
+    count: int
+
+    @property
+    def tokens(self) -> list[int]:
+        """The token ids this row feeds to the model."""
+        return self.seq.tokens[self.start:self.start + self.count]
+
+
+class Scheduler:
+    """Owns the waiting, running and swapped queues and every reserve, free and preemption."""
+
+    def __init__(self, cache, config: SchedulerConfig | None = None, prefix_cache=None):
+        """`cache`: any protocol cache; `prefix_cache`: a PrefixCache over it, or None."""
+        self.cache, self.config, self.prefix = cache, config or SchedulerConfig(), prefix_cache
+        self.paged = hasattr(cache, "allocator")
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []          # admission order: the last one is the newest
+        self.swapped: deque[Sequence] = deque()
+        self.swapped_tokens = 0
+        self.preemptions = {"recompute": 0, "swap": 0}
+        self.prefix_stats = {"queries": 0, "hits": 0, "tokens_saved": 0}
+
+    # ---- memory arithmetic -------------------------------------------------------------------
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold `tokens` positions."""
+        return -(-tokens // self.cache.block_size)
+
+    def free_blocks(self) -> int:
+        """Blocks on the allocator's free list right now."""
+        return self.cache.allocator.num_free
+
+    def capacity_tokens(self) -> int:
+        """The most KV positions one sequence could ever get: the whole pool (or the largest slot)."""
+        if self.paged:
+            return self.cache.allocator.num_blocks * self.cache.block_size
+        return getattr(self.cache, "max_request_tokens", getattr(self.cache, "capacity", 0))
+
+    def check_fits(self, request_id: int, prompt_len: int, max_tokens: int) -> None:
+        """Reject, before touching any state, a request that could not run even alone."""
+        capacity = self.capacity_tokens()
+        if prompt_len > capacity:
+            raise RequestTooLarge(request_id, prompt_len, capacity, f"its prompt of {prompt_len} tokens")
+        # The last sampled token is never written to the cache, hence the - 1.
+        if prompt_len + max_tokens - 1 > capacity:
+            raise RequestTooLarge(request_id, prompt_len + max_tokens - 1, capacity,
+                                  f"a prompt of {prompt_len} plus up to {max_tokens} output tokens")
+
+    # ---- one step ----------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence for admission."""
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def schedule(self) -> list[Chunk]:
+        """Pick this step's rows and reserve their KV room; nothing is computed yet."""
+        budget = self.config.max_batched_tokens
+        chunks: list[Chunk] = []
+        scheduled: set[int] = set()
+        preempted = False
+        # 1. Running sequences, decodes first (one token each), then prefill or replay chunks.
+        for decoding in (True, False):
+            for seq in [s for s in self.running if (s.num_pending == 1) == decoding]:
+                if budget == 0:
+                    break
+                if seq.status is not Status.RUNNING:            # preempted earlier in this loop
+                    continue
+                count = min(seq.num_pending, budget)
+                if not self._reserve_or_preempt(seq, count, scheduled):
+                    preempted = True
+                    continue
+                chunks.append(Chunk(seq, seq.num_computed, count))
+                scheduled.add(seq.seq_id)
+                budget -= count
+        # 2. Swapped sequences come back before anyone new is let in (but not in a step that preempted).
+        while not preempted and self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if not self._swap_in(self.swapped[0]):
+                break
+            seq = self.swapped.popleft()
+            budget -= self._try_schedule(seq, budget, chunks)
+        # 3. New (or recompute-preempted) sequences, oldest first, while the prompt fits with a margin.
+        while (not preempted and not self.swapped and self.waiting and budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            seq = self.waiting[0]
+            if not self._admit(seq):
+                break
+            self.waiting.popleft()
+            budget -= self._try_schedule(seq, budget, chunks)
+        return chunks
+
+    def _try_schedule(self, seq: Sequence, budget: int, chunks: list[Chunk]) -> int:
+        """Schedule a just-admitted sequence if its first chunk can be reserved; return tokens used."""
+        count = min(seq.num_pending, budget)
+        try:
+            self.cache.reserve(seq.seq_id, count)
+        except MemoryError:
+            return 0                                   # it stays running; next step will retry
+        chunks.append(Chunk(seq, seq.num_computed, count))
+        return count
+
+    def _reserve_or_preempt(self, seq: Sequence, count: int, scheduled: set[int]) -> bool:
+        """Reserve `count` positions for a running sequence, freeing memory until it works.
+
+        Returns False when `seq` itself had to be preempted (it was the newest unscheduled one).
+        """
+        while True:
+            try:
+                self.cache.reserve(seq.seq_id, count)
+                return True
+            except MemoryError as error:
+                wanted = getattr(error, "wanted", 1)
+                if self.evict(wanted):
+                    continue
+                victims = [s for s in reversed(self.running) if s.seq_id not in scheduled]
+                if not victims:        # cannot happen: seq itself is unscheduled; keep the error
+                    raise
+                self.preempt(victims[0])
+                if victims[0] is seq:
+                    return False
+
+    # ---- admission ---------------------------------------------------------------------------
+    def _admit(self, seq: Sequence) -> bool:
+        """Create `seq` in the cache (reusing cached prefix blocks) if its whole prompt fits now."""
+        if not self.paged:
+            try:
+                if getattr(self.cache, "reserves_up_front", False):
+                    self.cache.create(seq.seq_id, max_length=seq.max_length)
+                else:
+                    self.cache.create(seq.seq_id)
+            except MemoryError:
+                return False                           # no free slot: wait for a sequence to finish
+            seq.num_computed = 0
+        else:
+            reused = self.prefix.attach(seq.seq_id, seq.tokens) if self.prefix else 0
+            if not self.prefix:
+                self.cache.create(seq.seq_id)
+            # Count after attaching: shared blocks are no longer free to evict (the vLLM trap).
+            need = self.blocks_for(len(seq.tokens)) - len(self.cache.tables[seq.seq_id])
+            need += self.margin()
+            if self.free_blocks() < need and not (self.evict(need) and self.free_blocks() >= need):
+                self.cache.free(seq.seq_id)            # undo the attach: nothing changes
+                return False
+            seq.num_computed = seq.cached_tokens = reused
+            if self.prefix:
+                self.prefix_stats["queries"] += 1
+                self.prefix_stats["hits"] += reused > 0
+                self.prefix_stats["tokens_saved"] += reused
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        return True
+
+    def margin(self) -> int:
+        """Free blocks to keep beyond a newcomer's prompt; none when nothing runs, or it could wait forever."""
+        return self.config.margin_blocks if self.running else 0
+
+    def evict(self, blocks_wanted: int) -> int:
+        """Free prefix-cache blocks that no sequence uses, until `blocks_wanted` are free."""
+        return self.prefix.evict(blocks_wanted) if (self.prefix and self.paged) else 0
+
+    def publish(self, seq: Sequence) -> None:
+        """Offer the sequence's full computed blocks to later requests (prefix caching)."""
+        if self.prefix and seq.num_computed:
+            self.prefix.remember(seq.seq_id, seq.tokens[:seq.num_computed])
+
+    # ---- preemption --------------------------------------------------------------------------
+    def preemption_mode(self, seq: Sequence) -> str:
+        """Swap or recompute this victim? Swap moves its KV over PCIe twice; recompute reruns prefill.
+
+        Recompute costs prefill FLOPs, which grow with length, and needs no host memory; swap costs
+        bytes, also linear in length, but is cheap per token on a fast link. Short victims recompute.
+        """
+        mode = self.config.preemption
+        can_swap = (hasattr(self.cache, "swap_out") and seq.num_computed > 0 and
+                    self.swapped_tokens + seq.num_computed <= self.config.swap_space_tokens)
+        if mode == "auto":
+            mode = "swap" if seq.num_computed >= self.config.swap_min_tokens else "recompute"
+        return "swap" if (mode == "swap" and can_swap) else "recompute"
+
+    def preempt(self, seq: Sequence) -> str:
+        """Take a running sequence's KV memory back; it will resume later where it stopped."""
+        mode = self.preemption_mode(seq)
+        self.running.remove(seq)
+        seq.preemptions += 1
+        self.preemptions[mode] += 1
+        if mode == "swap":
+            self.cache.swap_out(seq.seq_id)
+            self.swapped_tokens += seq.num_computed
+            seq.status = Status.SWAPPED
+            self.swapped.append(seq)
+        else:
+            self.publish(seq)                          # its blocks may still be there when it returns
+            self.cache.free(seq.seq_id)
+            seq.num_computed = 0
+            seq.status = Status.WAITING
+            self.waiting.appendleft(seq)               # victims are newest first, so older ends in front
+        return mode
+
+    def _swap_in(self, seq: Sequence) -> bool:
+        """Bring a swapped sequence back if its blocks plus the margin fit; False leaves it swapped."""
+        need = self.blocks_for(seq.num_computed + 1) + self.margin()
+        if self.free_blocks() < need and not (self.evict(need) and self.free_blocks() >= need):
+            return False
+        try:
+            self.cache.swap_in(seq.seq_id)
+        except MemoryError:
+            return False
+        self.swapped_tokens -= seq.num_computed
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        return True
+
+    # ---- leaving -----------------------------------------------------------------------------
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Start `child` as an alias of `parent`'s blocks (parallel sampling); it runs next step."""
+        self.cache.fork(parent.seq_id, child.seq_id)
+        child.num_computed, child.status = parent.num_computed, Status.RUNNING
+        self.running.append(child)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Retire a sequence: publish its blocks to the prefix cache, then free them at once."""
+        if seq.status is Status.RUNNING:
+            self.publish(seq)
+            self.running.remove(seq)
+            self.cache.free(seq.seq_id)
+        elif seq.status is Status.SWAPPED:
+            self.swapped.remove(seq)
+            self.swapped_tokens -= seq.num_computed
+            self.cache.free(seq.seq_id)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+
+    def has_work(self) -> bool:
+        """True while any sequence waits, runs, or sits swapped out."""
+        return bool(self.waiting or self.running or self.swapped)
