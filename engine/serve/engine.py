@@ -1,0 +1,180 @@
+"""The continuous-batching engine: requests in, one ragged forward per step, tokens out.
+
+Each `step()`:
+  1. the scheduler picks prefill chunks and decode tokens and reserves their KV room;
+  2. the runner packs them into one batch `[B, T]` (padding at position -1) and runs the model once;
+  3. every row that finished its pending tokens samples one token with its own generator;
+  4. finished sequences are retired and their blocks freed at once, so the next step can use them.
+A request for `n` samples is one sequence until its prompt is prefilled, then forks into `n`.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Iterable
+
+import torch
+
+from engine.generate import model_device, pack
+from engine.sampling import SamplingParams, sample
+from engine.serve.metrics import Metrics
+from engine.serve.request import Request, Sequence, Status, make_generator
+from engine.serve.scheduler import Chunk, Scheduler, SchedulerConfig
+
+
+class ModelRunner:
+    """Runs the model on a ragged batch of rows through the cache; returns each row's last logits."""
+
+    def __init__(self, model, cache):
+        self.model, self.cache = model, cache
+
+    def forward(self, seq_ids: list[int], rows: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """Append rows[b] to sequence seq_ids[b] at positions starts[b]...; logits [B, vocab]."""
+        self.cache.set_batch(seq_ids)
+        token_ids, positions = pack(rows, starts, model_device(self.model))
+        logits = self.model(token_ids, positions, self.cache)
+        last = torch.tensor([len(r) - 1 for r in rows], device=logits.device)
+        return logits[torch.arange(len(rows), device=logits.device), last]
+
+    def execute(self, chunks: list[Chunk]) -> tuple[torch.Tensor, float | None]:
+        """One engine step's forward. The second value is a modelled duration (None: measure it)."""
+        logits = self.forward([c.seq.seq_id for c in chunks], [c.tokens for c in chunks],
+                              [c.start for c in chunks])
+        return logits, None
+
+
+class Engine:
+    """Continuous batching over any protocol cache, with prefix caching, preemption and forks."""
+
+    def __init__(self, model, cache, config: SchedulerConfig | None = None, prefix_caching: bool = True,
+                 runner=None, eos_token_id: int | None = None, keep_logits: bool = False):
+        """Prefix caching needs a paged cache (it shares blocks); it is skipped for slot caches."""
+        prefix = None
+        if prefix_caching and hasattr(cache, "allocator"):
+            from engine.cache.prefix import PrefixCache
+            prefix = PrefixCache(cache)
+        self.cache, self.scheduler = cache, Scheduler(cache, config, prefix)
+        self.runner = runner or ModelRunner(model, cache)
+        config_of_model = getattr(model, "config", None)
+        self.eos = eos_token_id if eos_token_id is not None else getattr(config_of_model, "eos_token_id", None)
+        self.keep_logits = keep_logits
+        self.requests: dict[int, Request] = {}
+        self.metrics = Metrics()
+        self.now = 0.0                                 # engine clock: the sum of step durations
+        self._seq_ids = itertools.count()
+        self._request_ids = itertools.count()
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, prompt: list[int], params: SamplingParams | None = None, seed: int | None = None,
+                    n: int = 1, request_id: int | None = None) -> Request:
+        """Queue a request; sample i draws with seed + i (seed defaults to params.seed, else 0).
+
+        Raises RequestTooLarge (and changes nothing) when the request could never fit the cache.
+        """
+        params = params or SamplingParams()
+        request_id = next(self._request_ids) if request_id is None else request_id
+        if not prompt or n < 1 or request_id in self.requests:
+            raise ValueError(f"request {request_id}: need a non-empty prompt, n >= 1 and a new id "
+                             f"(got {len(prompt)} prompt tokens, n={n})")
+        self.scheduler.check_fits(request_id, len(prompt), params.max_tokens)
+        seed = seed if seed is not None else (params.seed if params.seed is not None else 0)
+        request = Request(request_id, list(prompt), params, seed, n, arrival=self.now)
+        self.requests[request_id] = request
+        if params.max_tokens == 0:
+            return request
+        seq = Sequence(next(self._seq_ids), request, list(prompt), make_generator(seed))
+        request.sequences.append(seq)
+        self.scheduler.add(seq)
+        return request
+
+    def abort(self, request_id: int) -> None:
+        """Stop a request wherever it is; its blocks are freed at once."""
+        for seq in self.requests[request_id].sequences:
+            if seq.status is not Status.FINISHED:
+                self.scheduler.finish(seq, "aborted")
+
+    def has_unfinished(self) -> bool:
+        """True while some sequence still waits, runs, or sits swapped."""
+        return self.scheduler.has_work()
+
+    # ---- one step ----------------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """Schedule, run one forward, sample, retire. Returns the sequences that finished."""
+        started = time.perf_counter()
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            if self.scheduler.running or self.scheduler.swapped:
+                return []                              # nothing fit this step: try again next step
+            raise RuntimeError(f"scheduler is stuck: {len(self.scheduler.waiting)} waiting sequence(s) "
+                               "and nothing running; the pool is smaller than one prompt plus the margin")
+        logits, modelled = self.runner.execute(chunks)
+        # Tokens sampled in this step exist once the forward is done: advance the clock first.
+        self.now += modelled if modelled is not None else time.perf_counter() - started
+        sampling_started = time.perf_counter()
+        finished = []
+        for chunk, row in zip(chunks, logits):
+            seq = chunk.seq
+            seq.num_computed += chunk.count
+            if chunk.start < seq.prompt_len:           # prompt blocks: share them as soon as they fill
+                self.scheduler.publish(seq)
+            if seq.num_pending == 0:                   # the whole history is in: sample the next token
+                finished += self._sample(seq, row)
+        if modelled is None:
+            self.now += time.perf_counter() - sampling_started
+        self.metrics.record_step(self, chunks)
+        return finished
+
+    def _sample(self, seq: Sequence, row: torch.Tensor) -> list[Sequence]:
+        """Sample for `seq` (and, right after a prompt, fork it into n samples); return finished ones."""
+        request = seq.request
+        family = [seq]
+        if not seq.forked:                             # prompt done: one prefill, n samples
+            for index in range(1, request.n):
+                child = Sequence(next(self._seq_ids), request, list(seq.tokens),
+                                 make_generator(request.seed + index), sample_index=index)
+                request.sequences.append(child)
+                self.scheduler.fork(seq, child)
+                family.append(child)
+        done = []
+        for member in family:
+            token = sample(row, request.params, member.generator)
+            member.tokens.append(token)
+            if self.keep_logits:
+                member.logits.append(row.detach().clone())
+            if member.first_token_time is None:
+                member.first_token_time = self.now
+            if self.eos is not None and token == self.eos and not request.params.ignore_eos:
+                reason = "stop"
+            elif len(member.output) >= request.params.max_tokens:
+                reason = "length"
+            else:
+                continue
+            self.scheduler.finish(member, reason)
+            member.finish_time = self.now
+            done.append(member)
+        return done
+
+    # ---- whole runs --------------------------------------------------------------------------
+    def run(self, progress: bool | None = None) -> list[Request]:
+        """Step until every request is done; a tqdm bar counts finished requests on long runs."""
+        total = sum(1 for r in self.requests.values() if not r.finished)
+        bar = None
+        if progress or (progress is None and total >= 64):
+            from tqdm import tqdm
+            bar = tqdm(total=total, desc="requests", unit="req", leave=False)
+        while self.has_unfinished():
+            for seq in self.step():
+                if bar is not None and seq.request.finished:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        return list(self.requests.values())
+
+    def generate(self, prompts: Iterable[list[int]], params: SamplingParams | None = None,
+                 seeds: Iterable[int] | None = None, n: int = 1) -> list[Request]:
+        """Convenience: add every prompt (with its seed), run to the end, return the requests."""
+        prompts = list(prompts)
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        added = [self.add_request(p, params, seed=s, n=n) for p, s in zip(prompts, seeds)]
+        self.run(progress=False)
+        return added
