@@ -105,8 +105,8 @@ class Engine:
         if not chunks:
             if self.scheduler.running or self.scheduler.swapped:
                 return []                              # nothing fit this step: try again next step
-            raise RuntimeError(f"scheduler is stuck: {len(self.scheduler.waiting)} waiting sequence(s) "
-                               "and nothing running; the pool is smaller than one prompt plus the margin")
+            raise RuntimeError(f"scheduler is stuck: {len(self.scheduler.waiting)} waiting sequence(s), "
+                               "nothing running, and the first cannot be admitted into an empty cache")
         logits, modelled = self.runner.execute(chunks)
         # Tokens sampled in this step exist once the forward is done: advance the clock first.
         self.now += modelled if modelled is not None else time.perf_counter() - started
