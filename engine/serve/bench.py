@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate", metavar="CONFIG", help="a config.json path or name in engine/configs")
     parser.add_argument("--gpu", default="H100-80GB", help="simulated GPU (see simulate.GPUS)")
     parser.add_argument("--plot", metavar="PATH", help="save KV fill and batch size over time")
-    parser.add_argument("--progress", action="store_true", help="show a tqdm bar per run")
+    parser.add_argument("--quiet", action="store_true", help="no tqdm bars on stderr")
 
 
 def make_workload(requests: int, seed: int, prompt_len=(20, 500), output_len=(10, 200),
@@ -127,11 +127,11 @@ class Setup:
         return Engine(self.model, cache, config, prefix_caching=prefix_caching, runner=runner)
 
 
-def serve(engine: Engine, workload, progress: bool) -> dict:
+def serve(engine: Engine, workload, progress: bool | None, desc: str = "requests") -> dict:
     """Add every request at time 0 (greedy, fixed lengths), run to the end, summarise."""
     for index, (prompt, outputs) in enumerate(workload):
         engine.add_request(prompt, SamplingParams(max_tokens=outputs, ignore_eos=True), seed=index)
-    engine.run(progress=progress)
+    engine.run(progress=progress, desc=desc)
     summary = engine.metrics.summary(engine)
     report = {key: summary[key] for key in REPORTED}
     if hasattr(engine.runner, "time_split"):
@@ -155,7 +155,7 @@ def capacity(setup: Setup, args) -> dict:
     runs, metrics = {}, {}
     for kind in args.kinds:
         engine = setup.engine(kind)
-        runs[kind] = serve(engine, workload, args.progress)
+        runs[kind] = serve(engine, workload, False if args.quiet else None, kind)
         metrics[kind] = engine.metrics
     ratios = {}
     if "paged" in runs:
@@ -183,7 +183,7 @@ def prefix(setup: Setup, args) -> dict:
     runs, metrics = {}, {}
     for name, enabled in (("prefix_on", True), ("prefix_off", False)):
         engine = setup.engine("paged", prefix_caching=enabled)
-        runs[name] = serve(engine, workload, args.progress)
+        runs[name] = serve(engine, workload, False if args.quiet else None, name)
         metrics[name] = engine.metrics
     if args.plot:
         metrics["prefix_on"].plot(args.plot, "prefix caching", metrics["prefix_off"], ("on", "off"))

@@ -155,13 +155,13 @@ class Engine:
         return done
 
     # ---- whole runs --------------------------------------------------------------------------
-    def run(self, progress: bool | None = None) -> list[Request]:
-        """Step until every request is done; a tqdm bar counts finished requests on long runs."""
+    def run(self, progress: bool | None = None, desc: str = "requests") -> list[Request]:
+        """Step until every request is done; a tqdm bar (stderr) counts finished requests on long runs."""
         total = sum(1 for r in self.requests.values() if not r.finished)
         bar = None
         if progress or (progress is None and total >= 64):
             from tqdm import tqdm
-            bar = tqdm(total=total, desc="requests", unit="req", leave=False)
+            bar = tqdm(total=total, desc=desc, unit="req", leave=False)
         while self.has_unfinished():
             for seq in self.step():
                 if bar is not None and seq.request.finished:

@@ -61,6 +61,7 @@ class Scheduler:
         self.running: list[Sequence] = []          # admission order: the last one is the newest
         self.swapped: deque[Sequence] = deque()
         self.swapped_tokens = 0
+        self.evictable = True          # False once evict() came up short; any release sets it again
         self.preemptions = {"recompute": 0, "swap": 0}
         self.prefix_stats = {"queries": 0, "hits": 0, "tokens_saved": 0}
 
@@ -181,7 +182,7 @@ class Scheduler:
             need = self.blocks_for(len(seq.tokens)) - len(self.cache.tables[seq.seq_id])
             need += self.margin()
             if self.free_blocks() < need and not (self.evict(need) and self.free_blocks() >= need):
-                self.cache.free(seq.seq_id)            # undo the attach: nothing changes
+                self.release(seq)                      # undo the attach: nothing changes
                 return False
             seq.num_computed = seq.cached_tokens = reused
             if self.prefix:
@@ -197,8 +198,24 @@ class Scheduler:
         return self.config.margin_blocks if self.running else 0
 
     def evict(self, blocks_wanted: int) -> int:
-        """Free prefix-cache blocks that no sequence uses, until `blocks_wanted` are free."""
-        return self.prefix.evict(blocks_wanted) if (self.prefix and self.paged) else 0
+        """Free prefix-cache blocks that no sequence uses, until `blocks_wanted` are free.
+
+        One evict() call releases every block it can; if that was not enough, nothing more can be
+        evicted until some sequence lets go of a block, so later calls are skipped until then.
+        """
+        if not (self.prefix and self.paged and self.evictable):
+            return 0
+        freed = self.prefix.evict(blocks_wanted)
+        self.evictable = self.free_blocks() >= blocks_wanted
+        return freed
+
+    def release(self, seq: Sequence, swap: bool = False) -> None:
+        """Free (or swap out) a sequence's blocks; cached blocks it held may now be evictable."""
+        if swap:
+            self.cache.swap_out(seq.seq_id)
+        else:
+            self.cache.free(seq.seq_id)
+        self.evictable = True
 
     def publish(self, seq: Sequence) -> None:
         """Offer the sequence's full computed blocks to later requests (prefix caching)."""
@@ -226,13 +243,13 @@ class Scheduler:
         seq.preemptions += 1
         self.preemptions[mode] += 1
         if mode == "swap":
-            self.cache.swap_out(seq.seq_id)
+            self.release(seq, swap=True)
             self.swapped_tokens += seq.num_computed
             seq.status = Status.SWAPPED
             self.swapped.append(seq)
         else:
             self.publish(seq)                          # its blocks may still be there when it returns
-            self.cache.free(seq.seq_id)
+            self.release(seq)
             seq.num_computed = 0
             seq.status = Status.WAITING
             self.waiting.appendleft(seq)               # victims are newest first, so older ends in front
@@ -264,11 +281,11 @@ class Scheduler:
         if seq.status is Status.RUNNING:
             self.publish(seq)
             self.running.remove(seq)
-            self.cache.free(seq.seq_id)
+            self.release(seq)
         elif seq.status is Status.SWAPPED:
             self.swapped.remove(seq)
             self.swapped_tokens -= seq.num_computed
-            self.cache.free(seq.seq_id)
+            self.release(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
         seq.status, seq.finish_reason = Status.FINISHED, reason
