@@ -1,0 +1,27 @@
+"""The demo commands of `python -m engine`: paged, fork, prefix, bench-alloc.
+
+Each module has `add_arguments(parser)` and `main(args)` and prints one JSON object, which the tests
+read back; the figures are computed by the engine's own caches, never typed in.
+"""
+from __future__ import annotations
+
+import json
+
+import torch
+
+
+def emit(result: dict) -> dict:
+    """Print a demo's result as one JSON line (what the tests parse) and hand it back."""
+    print(json.dumps(result))
+    return result
+
+
+def seeded_tokens(count: int, seed: int, vocab: int = 256) -> list[int]:
+    """count token ids drawn from a seeded generator: the same prompt on every machine."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (count,), generator=generator).tolist()
+
+
+def max_abs_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest absolute difference between matching logits tensors."""
+    return max(float((g - w).abs().max()) for g, w in zip(got, want))

@@ -1,0 +1,70 @@
+"""The demo commands print one JSON object each; the figures the course quotes are checked here."""
+import json
+
+import pytest
+
+from engine.__main__ import main
+from engine.cache.slots import blocks_needed
+from engine.demos.paged import request_lengths
+
+
+def run(capsys, *argv):
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_paged_static_slots_waste_most_of_what_they_reserve(capsys):
+    got = run(capsys, "paged")
+    lengths = request_lengths(32, 20, 500, seed=0)
+    assert got["requests"] == 32 and got["tokens_stored"] == sum(lengths)
+    assert got["static_slots_reserved"] == 32 * 1024
+    assert got["paged_slots_reserved"] == 16 * sum(blocks_needed(n, 16) for n in lengths)
+    assert got["static_utilization"] == round(sum(lengths) / (32 * 1024), 3)
+    assert got["paged_utilization"] == round(sum(lengths) / got["paged_slots_reserved"], 3)
+    # the shape of the seed's figures (about 0.30 vs 0.98), computed here from this workload
+    assert got["static_utilization"] < 0.35 and got["paged_utilization"] > 0.95
+    # a paged request wastes less than one block: at most 15 empty slots each
+    assert got["paged_slots_reserved"] - got["tokens_stored"] < 32 * 16
+
+
+def test_paged_sweep_plots_utilization_against_block_size(capsys, tmp_path):
+    out = tmp_path / "sweep.png"
+    got = run(capsys, "paged", "--sweep", "--out", str(out))
+    sizes = [row["block_size"] for row in got["sweep"]]
+    assert sizes == [1, 2, 4, 8, 16, 32, 64, 128]
+    utilization = [row["utilization"] for row in got["sweep"]]
+    tables = [row["mean_table_length"] for row in got["sweep"]]
+    assert utilization[0] == 1.0 and utilization == sorted(utilization, reverse=True)
+    assert tables == sorted(tables, reverse=True) and tables[0] > 100 * tables[-1] / 2
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fork_shares_the_prompt_and_copies_one_block_per_fork(capsys):
+    got = run(capsys, "fork")
+    assert (got["parent_blocks"], got["new_blocks_after_forking"],
+            got["new_blocks_after_each_fork_writes_a_token"]) == (3, 0, 4)
+    assert got["blocks_for_independent_copies"] == 12
+    assert got["max_abs_diff_vs_scratch"] < 1e-5
+
+
+def test_prefix_prefills_the_system_prompt_once(capsys):
+    got = run(capsys, "prefix")
+    assert (got["prompt_tokens"], got["tokens_prefilled"], got["blocks_in_use"], got["blocks_without_sharing"]) \
+        == (832, 160, 14, 56)
+    assert got["prefix_cache"] == {"queries": 8, "hits": 7, "tokens_saved": 7 * 96, "cached_blocks": 6}
+    assert got["max_abs_diff_vs_cold_prefill"] < 1e-5
+
+
+@pytest.mark.parametrize("block_size, shared_blocks", [(8, 12), (32, 3)])
+def test_prefix_figures_follow_the_block_size(capsys, block_size, shared_blocks):
+    # The 96 shared tokens fill 12 blocks of 8 or 3 of 32; each request's own 8 tokens take one block.
+    got = run(capsys, "prefix", "--block-size", str(block_size))
+    assert got["blocks_in_use"] == shared_blocks + 8
+    assert got["tokens_prefilled"] == 104 + 7 * 8
+
+
+def test_bench_alloc_reports_every_pool_size(capsys):
+    # A benchmark, not a timed test: only the shape of its output is checked.
+    got = run(capsys, "bench-alloc", "--ops", "500", "--repeats", "1", "--sizes", "1000", "10000")
+    assert set(got["allocate_ns"]) == set(got["release_ns"]) == {"1000", "10000"}
+    assert all(v > 0 for v in list(got["allocate_ns"].values()) + list(got["release_ns"].values()))
