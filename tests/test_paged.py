@@ -101,6 +101,21 @@ def test_without_copy_on_write_a_fork_corrupts_its_sibling(tiny):
     assert fork_and_diverge(tiny, NoCopyOnWrite, BS + 2) > 1e-2
 
 
+def test_room_reserved_before_a_fork_is_copied_where_it_is_written(tiny):
+    # The parent reserved 8 positions ahead, then forked: its half-full block is not the table's last.
+    cache = paged(tiny)
+    history = {0: [], 1: []}
+    cache.create(0)
+    step_and_compare(tiny, cache, history, {0: seeded_tokens(BS + 1, 6)})
+    cache.reserve(0, 2 * BS)
+    assert len(cache.tables[0]) == 4
+    cache.fork(0, 1)
+    history[1] = list(history[0])
+    assert cache.blocks_wanted(1, 1) == 1                # only the block position BS + 1 lands in
+    for t in range(4):
+        assert step_and_compare(tiny, cache, history, {0: [20 + t], 1: [40 + t]}) < ATOL
+
+
 def test_fork_shares_every_block_and_copies_only_the_written_one(tiny):
     cache = paged(tiny)
     cache.create(0)
