@@ -134,8 +134,8 @@ def test_abort_a_swapped_out_request(tiny):
     assert not cache.swapped and swapped[0].sequences[0].finish_reason == "aborted"
     engine.run()
     survivors = [r for r in requests if r is not swapped[0]]
-    assert [r.outputs[0] for r in survivors] == [g.tokens for g in generate(tiny, [r.prompt for r in survivors],
-                                                                            GREEDY)]
+    solo = generate(tiny, [r.prompt for r in survivors], GREEDY)
+    assert [r.outputs[0] for r in survivors] == [g.tokens for g in solo]
     assert_no_leak(engine)
 
 

@@ -25,10 +25,10 @@ from engine.serve.engine import Engine
 from engine.serve.scheduler import SchedulerConfig
 
 KINDS = ("max", "pow2", "oracle", "paged")
-REPORTED = ("concurrent_peak", "concurrent_mean", "concurrent_mean_saturated", "saturated_fraction", "kv_utilization_mean", "kv_pool_fill_mean",
-            "preemptions_recompute", "preemptions_swap", "output_tokens_per_s", "ttft_mean_s",
-            "elapsed_s", "steps", "output_tokens", "prompt_tokens_computed", "prefix_hit_rate",
-            "prefix_tokens_saved")
+REPORTED = ("concurrent_peak", "concurrent_mean", "concurrent_mean_saturated", "saturated_fraction",
+            "kv_utilization_mean", "kv_pool_fill_mean", "preemptions_recompute", "preemptions_swap",
+            "output_tokens_per_s", "ttft_mean_s", "elapsed_s", "steps", "output_tokens",
+            "prompt_tokens_computed", "prefix_hit_rate", "prefix_tokens_saved")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,10 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-len", type=int, default=1024, help="the Max policy's slot length")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--slots", type=int, default=12,
-                        help="KV budget on CPU, in Max slots (budget bytes = slots * max-len * KV bytes/token)")
-    parser.add_argument("--token-budget", type=int, default=None, help="tokens per step [256; 8192 simulated]")
+                        help="CPU KV budget in Max slots: bytes = slots * max-len * KV bytes per token")
+    parser.add_argument("--token-budget", type=int, default=None,
+                        help="tokens per step [256; 8192 simulated]")
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
-    parser.add_argument("--prefix", action="store_true", help="shared-system-prompt workload, cache on vs off")
+    parser.add_argument("--prefix", action="store_true",
+                        help="shared-system-prompt workload, prefix caching on vs off")
     parser.add_argument("--system-len", type=int, default=256, help="--prefix: shared prompt tokens")
     parser.add_argument("--simulate", metavar="CONFIG", help="a config.json path or name in engine/configs")
     parser.add_argument("--gpu", default="H100-80GB", help="simulated GPU (see simulate.GPUS)")
@@ -66,13 +68,15 @@ def make_prefix_workload(requests: int, seed: int, system_len: int, vocab: int =
     """Requests that share one system prompt, each followed by 16-64 tokens of its own; 16 outputs."""
     rng = random.Random(seed)
     system = [rng.randrange(vocab) for _ in range(system_len)]
-    return [(system + [rng.randrange(vocab) for _ in range(rng.randint(16, 64))], 16) for _ in range(requests)]
+    own = [[rng.randrange(vocab) for _ in range(rng.randint(16, 64))] for _ in range(requests)]
+    return [(system + tokens, 16) for tokens in own]
 
 
 class Setup:
     """What differs between a CPU run and a simulation: the model, its caches, its clock."""
 
     def __init__(self, args):
+        """Build the model (or the roofline) and the KV budget in bytes from the command line."""
         self.simulated = bool(args.simulate)
         # On a CPU every length is halved by default: attention over a padded ragged batch costs
         # rows x new tokens x history, so this keeps the whole bench near a minute; ratios barely move.

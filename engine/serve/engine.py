@@ -26,6 +26,7 @@ class ModelRunner:
     """Runs the model on a ragged batch of rows through the cache; returns each row's last logits."""
 
     def __init__(self, model, cache):
+        """Run `model` through `cache` (any protocol cache)."""
         self.model, self.cache = model, cache
 
     def forward(self, seq_ids: list[int], rows: list[list[int]], starts: list[int]) -> torch.Tensor:
@@ -55,8 +56,8 @@ class Engine:
             prefix = PrefixCache(cache)
         self.cache, self.scheduler = cache, Scheduler(cache, config, prefix)
         self.runner = runner or ModelRunner(model, cache)
-        config_of_model = getattr(model, "config", None)
-        self.eos = eos_token_id if eos_token_id is not None else getattr(config_of_model, "eos_token_id", None)
+        model_eos = getattr(getattr(model, "config", None), "eos_token_id", None)
+        self.eos = eos_token_id if eos_token_id is not None else model_eos
         self.keep_logits = keep_logits
         self.requests: dict[int, Request] = {}
         self.metrics = Metrics()

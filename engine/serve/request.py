@@ -26,6 +26,7 @@ class RequestTooLarge(ValueError):
     """A request that could not run even with the whole KV pool to itself; rejected on arrival."""
 
     def __init__(self, request_id: int, tokens: int, capacity: int, what: str):
+        """Keep the numbers on the exception and put them in the message."""
         self.request_id, self.tokens, self.capacity = request_id, tokens, capacity
         super().__init__(f"request {request_id} rejected: {what} needs {tokens} KV token slots but the "
                          f"whole cache holds {capacity}")
@@ -100,6 +101,7 @@ class Sequence:
         return len(self.request.sequences) == self.request.n
 
     def __repr__(self) -> str:
+        """Id, request, status and progress: what a scheduler trace needs."""
         return (f"Sequence(id={self.seq_id}, request={self.request.request_id}, {self.status.value}, "
                 f"tokens={len(self.tokens)}, computed={self.num_computed})")
 

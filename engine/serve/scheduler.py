@@ -29,6 +29,7 @@ class SchedulerConfig:
     swap_space_tokens: int = 1 << 20  # host memory for swapped KV, in tokens
 
     def __post_init__(self):
+        """Reject settings that could never schedule anything, naming them."""
         if self.preemption not in ("recompute", "swap", "auto"):
             raise ValueError(f"preemption must be 'recompute', 'swap' or 'auto', got {self.preemption!r}")
         if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.margin_blocks < 0:
@@ -194,7 +195,7 @@ class Scheduler:
         return True
 
     def margin(self) -> int:
-        """Free blocks to keep beyond a newcomer's prompt; none when nothing runs, or it could wait forever."""
+        """Free blocks to keep beyond a newcomer's prompt; none when nothing runs (it could wait forever)."""
         return self.config.margin_blocks if self.running else 0
 
     def evict(self, blocks_wanted: int) -> int:

@@ -65,6 +65,7 @@ class Roofline:
     """The cost of one engine step of `config` on `gpu`, from bytes and FLOPs alone."""
 
     def __init__(self, config: ModelConfig, gpu: GPU, dtype_bytes: int = 2):
+        """Count the model's matmul parameters and weight and KV bytes once, from its config."""
         c = config
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.layer_params = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
@@ -100,6 +101,7 @@ class Roofline:
         return int(budget)
 
     def config_name(self) -> str:
+        """A short description of the model for error messages."""
         return f"a {self.matmul_params / 1e9:.2f}B-matmul-parameter model"
 
     def constants(self) -> dict:
@@ -117,16 +119,19 @@ class BookkeepingPagedCache(PagedKVCache):
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16):
+        """A pool of num_blocks blocks of one fp16 number per token, one layer, one head."""
         tiny = SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=1)
         super().__init__(tiny, num_blocks, block_size, dtype=torch.float16, attention="reference")
         self.blocks_moved = 0
 
     def swap_out(self, seq: int) -> int:
+        """Swap out as the real cache does, and count the blocks that crossed the host link."""
         moved = super().swap_out(seq)
         self.blocks_moved += moved
         return moved
 
     def swap_in(self, seq: int) -> int:
+        """Swap in as the real cache does, and count the blocks that crossed the host link."""
         moved = super().swap_in(seq)
         self.blocks_moved += moved
         return moved
@@ -136,6 +141,7 @@ class SimulatedRunner:
     """Stands in for ModelRunner: every sampled token is 0 and each step costs the roofline's time."""
 
     def __init__(self, roofline: Roofline, cache):
+        """Cost steps with `roofline`; read swap traffic and commit lengths on `cache`."""
         self.roofline, self.cache = roofline, cache
         self.block_bytes = roofline.kv_bytes_per_token * getattr(cache, "block_size", 1)
         self.seconds = {"compute_bound": 0.0, "memory_bound": 0.0, "swapping": 0.0}
