@@ -285,6 +285,10 @@ def test_protocol_errors_name_the_sequence(tiny):
         PagedKVCache(tiny.config, 9, allocator=BlockAllocator(8))
     with pytest.raises(ValueError, match="attention must be one of"):
         PagedKVCache(tiny.config, 8, attention="flash")
+    cache.swap_out(0)
+    with pytest.raises(KeyError, match="sequence 0 is swapped out"):
+        cache.fork(0, 1)
+    assert 1 not in cache.tables                         # a failed fork leaves no half-made child
 
 
 def test_a_bfloat16_pool_stays_close_to_fp32(tiny):

@@ -121,9 +121,9 @@ class PagedKVCache:
 
     def fork(self, parent: int, child: int) -> None:
         """Start child as an alias of parent: copy the table and add an owner to each block, no data copied."""
+        table = list(self.table(parent))
         self.create(child)
-        self.tables[child] = list(self.table(parent))
-        self.lengths[child] = self.lengths[parent]
+        self.tables[child], self.lengths[child] = table, self.lengths[parent]
         for block in self.tables[child]:
             self.allocator.share(block)
 
