@@ -110,7 +110,8 @@ def test_grade_command_prints_the_table_and_json_and_exits_zero(tmp_path, soluti
     assert square.split()[:3] == [NAME, "test_square", "0/1"]
     assert "AssertionError: square(3) should be 9, got 6" in square
     assert "why" in table.stdout and "-/1" in table.stdout and "answered: graded by hand" in table.stdout
-    assert lines[-1] == "total: 5/6 points (+1 graded by hand)"
+    assert lines[-2] == "total: 5/6 points (+1 graded by hand)"
+    assert lines[-1].startswith("graded 1 notebook(s) in ")
     report = json.loads(subprocess.run(command + ["--json"], capture_output=True, text=True, cwd=REPO).stdout)
     assert (report["earned"], report["possible"]) == (5, 6)
 

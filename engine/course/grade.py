@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from .source import load_chapter
 
 TIMEOUT_ENV = "GRADE_CELL_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60
+DEFAULT_JOBS = 2
 
 
 @dataclass
@@ -146,15 +148,19 @@ def first_failure(cell, width: int = 110) -> str:
     return ""
 
 
-def grade_directory(notebook_dir: Path, solutions_dir: Path, timeout: float) -> tuple[list[ChapterGrade], list[str]]:
-    """Grade every notebook in notebook_dir named after a chapter; (grades, notes about skipped files)."""
+def grade_directory(notebook_dir: Path, solutions_dir: Path, timeout: float,
+                    jobs: int = DEFAULT_JOBS) -> tuple[list[ChapterGrade], list[str]]:
+    """Grade every notebook in notebook_dir named after a chapter, `jobs` kernels at a time;
+    (grades in chapter order, notes about skipped files)."""
     chapters = {chapter_name(path): path for path in chapter_files(solutions_dir)}
-    grades, notes = [], []
+    notes, work = [], []
     for notebook in sorted(notebook_dir.glob("*.ipynb")):
-        if notebook.stem not in chapters:
+        if notebook.stem in chapters:
+            work.append((notebook, chapters[notebook.stem]))
+        else:
             notes.append(f"skipped {notebook.name}: no chapter {notebook.stem}.py in {solutions_dir}")
-            continue
-        grades.append(grade_notebook(notebook, chapters[notebook.stem], timeout))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # each chapter has its own kernel process
+        grades = list(pool.map(lambda pair: grade_notebook(*pair, timeout), work))
     for name in sorted(set(chapters) - {Path(g.notebook).stem for g in grades}):
         notes.append(f"no notebook for {name} in {notebook_dir}")
     return grades, notes
@@ -187,17 +193,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
     parser.add_argument("--timeout", type=float, default=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)),
                         help=f"seconds per cell (default ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT_S})")
+    parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="chapters graded at once")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
+    started = time.monotonic()
     if not args.dir.is_dir():
         parser.error(f"{args.dir} is not a folder of notebooks")
-    grades, notes = grade_directory(args.dir, args.solutions, args.timeout)
+    grades, notes = grade_directory(args.dir, args.solutions, args.timeout, args.jobs)
     if args.json:
         print(json.dumps({"chapters": [dict(asdict(g), earned=g.earned, possible=g.possible) for g in grades],
                           "earned": sum(g.earned for g in grades),
                           "possible": sum(g.possible for g in grades), "notes": notes}, indent=1))
     else:
         print(format_table(grades, notes))
+        print(f"graded {len(grades)} notebook(s) in {time.monotonic() - started:.1f} s")
     return 0
 
 
