@@ -94,6 +94,7 @@ class PrefixCache:
         allocator, victims = self.cache.allocator, []
         # Least recently used first. touch() keeps every parent more recent than its children, so one
         # pass meets the children first, and a parent whose children all went becomes a leaf in time.
+        # Each eviction is O(1); the pass only steps over entries that sequences still hold.
         for entry in self.entries.values():
             if allocator.num_free + len(victims) >= blocks_wanted:
                 break
