@@ -43,10 +43,10 @@ def run(prompt_tokens: int = 40, forks: int = 4, block_size: int = 16, seed: int
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Prompt length, number of forks, block size and seed."""
-    parser.add_argument("--prompt-tokens", type=int, default=40)
-    parser.add_argument("--forks", type=int, default=4)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-tokens", type=int, default=40, help="length of the shared prompt")
+    parser.add_argument("--forks", type=int, default=4, help="children forked from the prompt")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the tokens")
 
 
 def main(args: argparse.Namespace) -> int:

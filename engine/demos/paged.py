@@ -87,12 +87,12 @@ def plot_sweep(sweep: list[dict], path: str) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The workload: how many requests, their length range, the static slot and the block size."""
-    parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--min-tokens", type=int, default=20)
-    parser.add_argument("--max-tokens", type=int, default=500)
+    parser.add_argument("--requests", type=int, default=32, help="live requests")
+    parser.add_argument("--min-tokens", type=int, default=20, help="shortest request, in tokens")
+    parser.add_argument("--max-tokens", type=int, default=500, help="longest request, in tokens")
     parser.add_argument("--capacity", type=int, default=1024, help="tokens per static slot")
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per paged block")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the request lengths")
     parser.add_argument("--sweep", action="store_true", help="also sweep block sizes 1..128 and plot")
     parser.add_argument("--out", default="paged_sweep.png", help="where --sweep writes its PNG")
 

@@ -43,11 +43,11 @@ def run(requests: int = 8, system_tokens: int = 96, own_tokens: int = 8, block_s
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """How many requests, the shared and own prompt lengths, block size and seed."""
-    parser.add_argument("--requests", type=int, default=8)
-    parser.add_argument("--system-tokens", type=int, default=96)
-    parser.add_argument("--own-tokens", type=int, default=8)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--requests", type=int, default=8, help="requests served one after another")
+    parser.add_argument("--system-tokens", type=int, default=96, help="the shared system prompt")
+    parser.add_argument("--own-tokens", type=int, default=8, help="tokens each request adds")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the tokens")
 
 
 def main(args: argparse.Namespace) -> int:
