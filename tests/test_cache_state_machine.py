@@ -24,6 +24,8 @@ STEPS = {"count": 0}
 
 
 class CacheMachine(RuleBasedStateMachine):
+    """The caches under test, and a plain-Python model of what each sequence must hold."""
+
     def __init__(self):
         super().__init__()
         config = tiny_config(num_layers=1, num_heads=1, num_kv_heads=1, head_dim=2)
