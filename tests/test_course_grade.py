@@ -15,7 +15,7 @@ from fixtures.course_support import FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, REPO, wi
 
 NAME = "ch99_fixture"
 FULL = {"test_increment": 2, "test_reset": 1, "test_triple": 2, "test_square": 1}
-TIMEOUT_S = 4
+TIMEOUT_S = 8  # long enough for a normal cell on a busy machine, short enough for the loop tests
 
 
 def earned(tmp_path, notebook, timeout=TIMEOUT_S) -> dict[str, float]:
@@ -95,6 +95,13 @@ def test_a_deleted_test_cell_is_put_back_and_scored(tmp_path, solution):
     missing = with_cell_edited(solution, "triple", lambda s: s.replace("double(x) + x", "0"))
     missing.cells = [cell for cell in missing.cells if cell.id != "test_triple"]
     assert earned(tmp_path, missing) == losing("test_triple")
+
+
+def test_an_unreadable_notebook_scores_zero_and_says_why(tmp_path):
+    (tmp_path / f"{NAME}.ipynb").write_text("{ not json")
+    result = grade_notebook(tmp_path / f"{NAME}.ipynb", FIXTURE_CHAPTER, TIMEOUT_S)
+    assert {e.grade_id: e.earned for e in result.exercises if e.kind == "test"} == losing(*FULL)
+    assert all(e.message.startswith("could not read the notebook") for e in result.exercises)
 
 
 @pytest.mark.slow

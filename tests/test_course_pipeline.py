@@ -15,7 +15,8 @@ from engine.course.autograde import autograde
 from fixtures.course_support import (BUILD, REPO, exercise_points, expanded, grade_json, possible, real_chapters,
                                      scores, with_cell_edited, write_notebook)
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("course")]
+# Its own group: the module's fixtures grade once, in one worker; the book tests are the other group.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("course-pipeline")]
 CHAPTERS = {chapter.stem: chapter for chapter in real_chapters()}
 # chapter -> (solution cell, text to change, the bug, the tests of that exercise): an off-by-one a
 # learner could make. (ch04's parallel-sampling test sits after shared_blocks but checks the cache.)

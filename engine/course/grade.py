@@ -93,7 +93,11 @@ def grade_notebook(notebook_path: Path, chapter_path: Path, timeout: float) -> C
     """Run one learner notebook against its chapter source; the score of each graded cell."""
     started = time.monotonic()
     chapter = load_chapter(chapter_path)
-    to_run = cells_to_run(nbformat.read(notebook_path, as_version=4), chapter)
+    try:
+        learner = nbformat.read(notebook_path, as_version=4)
+    except Exception as error:  # not JSON, not a notebook: every exercise scores 0, grading goes on
+        return _unreadable(notebook_path, chapter_path, chapter, error)
+    to_run = cells_to_run(learner, chapter)
     ran_cleanly: list = []  # cells to replay after a restart, so later exercises have their definitions
     failed_above: dict[int, str] = {}  # cell index -> the failing solution cell above it, if any
     latest_failure = ""
@@ -120,6 +124,18 @@ def grade_notebook(notebook_path: Path, chapter_path: Path, timeout: float) -> C
     return result
 
 
+def _unreadable(notebook_path: Path, chapter_path: Path, chapter, error: Exception) -> ChapterGrade:
+    """A notebook that cannot be read: its tests at 0, its written answers unanswered, saying why."""
+    message = f"could not read the notebook: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    result = ChapterGrade(chapter_name(chapter_path), str(notebook_path))
+    for cell in chapter.cells:
+        if cells.is_graded(cell):
+            kind = "manual" if cells.is_manual(cell) else "test"
+            result.exercises.append(Exercise(cells.grade_id(cell), cells.points(cell),
+                                             None if kind == "manual" else 0.0, kind, message[:110]))
+    return result
+
+
 def _score(cell, failed_above: str) -> Exercise:
     """nbgrader's score for one graded cell, with the first line of what went wrong (and the failing
     solution cell above it, the likely cause)."""
@@ -131,10 +147,12 @@ def _score(cell, failed_above: str) -> Exercise:
     message = "" if earned == possible else first_failure(cell)
     if message and failed_above:
         message += f" (after {failed_above})"
+    if len(message) > 200:
+        message = message[:197] + "..."
     return Exercise(cells.grade_id(cell), possible, earned, "test", message)
 
 
-def first_failure(cell, width: int = 110) -> str:
+def first_failure(cell, width: int = 140) -> str:
     """The first line of the cell's error (or stderr) output, shortened to `width` characters."""
     for output in cell.get("outputs", []):
         if output.output_type == "error":
