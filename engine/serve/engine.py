@@ -113,20 +113,24 @@ class Engine:
         self.now += modelled if modelled is not None else time.perf_counter() - started
         sampling_started = time.perf_counter()
         finished = []
-        for chunk, row in zip(chunks, logits):
+        greedy = logits.argmax(dim=-1).tolist()        # one argmax for the batch: what temperature 0 picks
+        for chunk, row, best in zip(chunks, logits, greedy):
             seq = chunk.seq
             seq.num_computed += chunk.count
             if chunk.start < seq.prompt_len:           # prompt blocks: share them as soon as they fill
                 self.scheduler.publish(seq)
             if seq.num_pending == 0:                   # the whole history is in: sample the next token
-                finished += self._sample(seq, row)
+                finished += self._sample(seq, row, best)
         if modelled is None:
             self.now += time.perf_counter() - sampling_started
         self.metrics.record_step(self, chunks)
         return finished
 
-    def _sample(self, seq: Sequence, row: torch.Tensor) -> list[Sequence]:
-        """Sample for `seq` (and, right after a prompt, fork it into n samples); return finished ones."""
+    def _sample(self, seq: Sequence, row: torch.Tensor, best: int) -> list[Sequence]:
+        """Sample for `seq` (and, right after a prompt, fork it into n samples); return finished ones.
+
+        `best` is the row's argmax, the greedy choice, computed for the whole batch at once.
+        """
         request = seq.request
         family = [seq]
         if not seq.forked:                             # prompt done: one prefill, n samples
@@ -138,7 +142,8 @@ class Engine:
                 family.append(child)
         done = []
         for member in family:
-            token = sample(row, request.params, member.generator)
+            greedy = request.params.temperature == 0
+            token = best if greedy else sample(row, request.params, member.generator)
             member.tokens.append(token)
             if self.keep_logits:
                 member.logits.append(row.detach().clone())
