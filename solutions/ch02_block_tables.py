@@ -394,6 +394,9 @@ ch02.check_allocator_errors(BlockAllocator)
 
 # %% nbgrader={"grade": true, "grade_id": "ch02_test_refcounts", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 ch02.check_refcounts_balance(BlockAllocator)
+### BEGIN HIDDEN TESTS
+ch02.check_refcounts_balance(BlockAllocator, steps=600, seed=7)
+### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_engine_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 2.6 Your allocator inside the engine
@@ -412,6 +415,9 @@ ch02.check_refcounts_balance(BlockAllocator)
 
 # %% nbgrader={"grade": true, "grade_id": "ch02_test_allocator_in_engine", "locked": true, "points": 5, "schema_version": 3, "solution": false}
 ch02.check_allocator_in_engine(BlockAllocator)
+### BEGIN HIDDEN TESTS
+ch02.check_allocator_in_engine(BlockAllocator, block_size=2, num_blocks=40, seed=3)
+### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_pool_md", "locked": true, "schema_version": 3, "solution": false}
 # Here is what that looks like from the inside. The cell prefills five prompts through a cache that

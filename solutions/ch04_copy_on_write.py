@@ -171,6 +171,9 @@ ch04.check_fork_block_counts(PagedKVCache)
 
 # %% nbgrader={"grade": true, "grade_id": "ch04_test_diverge", "locked": true, "points": 5, "schema_version": 3, "solution": false}
 ch04.check_fork_then_diverge(PagedKVCache)
+### BEGIN HIDDEN TESTS
+ch04.check_fork_then_diverge(PagedKVCache, block_size=3, seed=1)
+### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_walk_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 4.4 Watching a fork

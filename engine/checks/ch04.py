@@ -235,7 +235,8 @@ def check_fork_then_diverge(cls, block_size: int = 4, seed: int = 0) -> None:
     from engine.generate import cached_step, scratch_logits
     model = _model(0)
     bs = block_size
-    cache = _cache(cls, num_blocks=40, block_size=bs)
+    longest = 4 * bs + 5                       # the mid-block prompt plus every token appended below
+    cache = _cache(cls, num_blocks=8 * (-(-longest // bs) + 1), block_size=bs)
     seqs: dict[int, list[int]] = {}
     everyone: set[int] = set()
 
@@ -251,11 +252,12 @@ def check_fork_then_diverge(cls, block_size: int = 4, seed: int = 0) -> None:
                            hint=_diagnose(cache))
 
     rng = random.Random(seed)
-    # Sequence 0 ends mid-block (10 tokens, bs 4); sequence 10 ends on a boundary (8 tokens).
-    for s, n in ((0, 10), (10, 8)):
+    # Sequence 0 ends mid-block (2bs + 2 tokens); sequence 10 ends on a block boundary (2bs tokens).
+    mid, boundary = 2 * bs + 2, 2 * bs
+    for s in (0, 10):
         cache.create(s)
         seqs[s] = []
-    step([0, 10], {0: _prompt(10, seed=4), 10: _prompt(8, seed=5)}, "after prefill")
+    step([0, 10], {0: _prompt(mid, seed=4), 10: _prompt(boundary, seed=5)}, "after prefill")
     for parent, children in ((0, (1, 2)), (10, (11,))):
         for c in children:
             cache.fork(parent, c)
