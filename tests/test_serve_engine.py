@@ -196,3 +196,16 @@ def test_chunked_prefill_and_mixed_batches_match_generate(tiny):
     expected = generate(tiny, batch, [SamplingParams(0.8, 20, 1.0, 8, seed, True) for seed in (1, 2, 3, 4)])
     assert [r.outputs[0] for r in requests] == [g.tokens for g in expected]
     assert_no_leak(engine)
+
+
+def test_static_slots_run_through_the_same_engine(tiny):
+    from engine.cache.static import StaticKVCache
+    batch = prompts(count=5, seed=13)
+    cache = StaticKVCache(tiny.config, max_seqs=2, capacity=48)      # two slots: the rest must wait
+    engine = Engine(tiny, cache, SchedulerConfig(max_batched_tokens=32))
+    requests = engine.generate(batch, GREEDY)
+    assert max(s.running for s in engine.metrics.steps) == 2
+    assert [r.outputs[0] for r in requests] == [g.tokens for g in generate(tiny, batch, GREEDY)]
+    assert not cache.slot and len(cache.free_slots) == 2
+    with pytest.raises(RequestTooLarge, match="holds 48"):
+        engine.add_request(list(range(40)), GREEDY)                 # 40 + 14 - 1 > one slot of 48
