@@ -84,6 +84,9 @@ def check_fork_shares(cls) -> None:
     if 1 not in cache.tables:
         fail("after fork(0, 1), the cache has no table for sequence 1",
              hint="fork must register the child, like create does")
+    if 1 not in cache.lengths:
+        fail("after fork(0, 1), the cache has no length for sequence 1",
+             hint="the child starts with the parent's length: set self.lengths[child]")
     expect_equal(cache.tables[1], parent_table, "after fork(0, 1): the child's block table",
                  "the child starts with exactly the parent's blocks, in the same order: copy the table, "
                  "not the blocks (no new blocks, no K/V copied)")
