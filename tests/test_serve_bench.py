@@ -46,6 +46,14 @@ def test_simulation_parses_and_labels_itself(capsys):
     assert out["ratios"]["paged/max"]["concurrent_peak"] > 1
 
 
+def test_a_model_too_big_for_the_gpu_is_a_clear_error(capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert bench.main(parser.parse_args(["--simulate", "llama-3-8b", "--gpu", "laptop-8GB"])) == 2
+    err = capsys.readouterr().err
+    assert "llama-3-8b does not fit on laptop-8GB: weights 15.0 GiB" in err
+
+
 def test_prefix_mode_saves_prefill(capsys):
     out = run_bench(capsys, "--prefix", "--requests", "6", "--system-len", "48", "--scale", "1")
     on, off = out["runs"]["prefix_on"], out["runs"]["prefix_off"]

@@ -34,7 +34,8 @@ REPORTED = ("concurrent_peak", "concurrent_mean", "concurrent_mean_saturated", "
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The bench's options; every default is the documented workload (CPU defaults in brackets)."""
     parser.add_argument("--requests", type=int, default=None,
-                        help="requests [256; simulated: 256 or twice what the paged pool holds, if more]")
+                        help="requests [256; simulated: 256, or twice what the paged pool holds "
+                             "if more, which takes minutes for an 80 GB GPU]")
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(20, 500), metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, default=(10, 200), metavar=("MIN", "MAX"))
     parser.add_argument("--scale", type=float, default=None,
@@ -90,7 +91,7 @@ class Setup:
             if gpu is None:
                 raise SystemExit(f"unknown --gpu {args.gpu!r}; known: {', '.join(simulate.GPUS)}")
             self.config = simulate.load_config(args.simulate)
-            self.roofline = simulate.Roofline(self.config, gpu)
+            self.roofline = simulate.Roofline(self.config, gpu, name=args.simulate)
             self.model, self.bytes_per_token = None, self.roofline.kv_bytes_per_token
             self.budget = self.roofline.kv_budget_bytes()
             self.label = simulate.label(args.simulate, gpu)
@@ -203,7 +204,11 @@ def prefix(setup: Setup, args) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     """Run the chosen mode and print its result as one JSON line on stdout."""
-    setup = Setup(args)
+    try:
+        setup = Setup(args)
+    except (ValueError, FileNotFoundError) as error:     # a model that does not fit, an unknown config
+        print(f"bench: {error}", file=sys.stderr)
+        return 2
     result = prefix(setup, args) if args.prefix else capacity(setup, args)
     print(json.dumps(result), file=sys.stdout, flush=True)
     return 0

@@ -64,8 +64,9 @@ def load_config(name_or_path: str) -> ModelConfig:
 class Roofline:
     """The cost of one engine step of `config` on `gpu`, from bytes and FLOPs alone."""
 
-    def __init__(self, config: ModelConfig, gpu: GPU, dtype_bytes: int = 2):
+    def __init__(self, config: ModelConfig, gpu: GPU, dtype_bytes: int = 2, name: str | None = None):
         """Count the model's matmul parameters and weight and KV bytes once, from its config."""
+        self.name = name
         c = config
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.layer_params = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
@@ -102,7 +103,7 @@ class Roofline:
 
     def config_name(self) -> str:
         """A short description of the model for error messages."""
-        return f"a {self.matmul_params / 1e9:.2f}B-matmul-parameter model"
+        return self.name or f"a model of {self.matmul_params / 1e9:.2f}B matmul parameters"
 
     def constants(self) -> dict:
         """Every number the cost model uses, for the printed report."""
