@@ -291,22 +291,9 @@ plt.show()
 # browser you get the static view for the running example.
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_explorer", "locked": true, "schema_version": 3, "solution": false}
-from engine.cache.paged import PagedKVCache as EnginePagedKVCache  # the reference, for the explorer
-
-
 def explore_fork(prompt_len=40, samples=4, generated=1, block_size=16):
-    """Bookkeeping only: reserve and commit lengths by hand, the way a forward pass would."""
-    pool = samples * (blocks_needed(prompt_len + generated, block_size) + 1)
-    sim = EnginePagedKVCache(model.config, num_blocks=pool, block_size=block_size)
-    sim.create(0)
-    sim.reserve(0, prompt_len)
-    sim.lengths[0] = prompt_len
-    for s in range(1, samples):
-        sim.fork(0, s)
-    for _ in range(generated):
-        for s in range(samples):
-            sim.reserve(s, 1)
-            sim.lengths[s] += 1
+    """The engine's cache, bookkeeping only (reserve, fork, copy-on-write), drawn table by table."""
+    sim = ch04.simulate_forks(prompt_len, samples, generated, block_size)
     print(f"prompt {prompt_len}, {samples} samples, {generated} token(s) each, blocks of {block_size}: "
           f"{sim.blocks_in_use} blocks in use vs {samples * blocks_needed(prompt_len + generated, block_size)} "
           f"without sharing")

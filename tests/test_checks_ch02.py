@@ -241,23 +241,3 @@ def test_utilization_bug_is_caught(bug, words):
     message = fails(ch02.check_paged_utilization, bug)
     for word in words:
         assert word in message, message
-
-
-def test_the_chapter_grades_every_check_and_only_checks():
-    """Each test cell of the chapter calls checks that exist; every check of the module is graded."""
-    import re
-
-    from engine.course import cells
-    from engine.course.paths import chapter_files
-    from engine.course.source import load_chapter
-
-    [chapter] = [path for path in chapter_files() if path.stem.startswith("ch02")]
-    called = set()
-    for cell in load_chapter(chapter).cells:
-        if cells.is_test(cell):
-            names = re.findall(r"\bch02\.(\w+)\(", cell.source)
-            assert names, f"test cell {cells.grade_id(cell)} calls no check"
-            called.update(names)
-    for name in called:
-        assert getattr(getattr(ch02, name, None), "is_check", False), f"ch02.{name} is not a check"
-    assert {name for name in dir(ch02) if name.startswith("check_")} == called

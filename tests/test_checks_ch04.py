@@ -233,23 +233,3 @@ def test_shared_blocks_stub_is_not_implemented():
     def stub(*args):
         raise NotImplementedError()
     assert "not implemented yet" in fails(ch04.check_shared_blocks, stub)
-
-
-def test_the_chapter_grades_every_check_and_only_checks():
-    """Each test cell of the chapter calls checks that exist; every check of the module is graded."""
-    import re
-
-    from engine.course import cells
-    from engine.course.paths import chapter_files
-    from engine.course.source import load_chapter
-
-    [chapter] = [path for path in chapter_files() if path.stem.startswith("ch04")]
-    called = set()
-    for cell in load_chapter(chapter).cells:
-        if cells.is_test(cell):
-            names = re.findall(r"\bch04\.(\w+)\(", cell.source)
-            assert names, f"test cell {cells.grade_id(cell)} calls no check"
-            called.update(names)
-    for name in called:
-        assert getattr(getattr(ch04, name, None), "is_check", False), f"ch04.{name} is not a check"
-    assert {name for name in dir(ch04) if name.startswith("check_")} == called

@@ -28,6 +28,7 @@ __all__ = [
     "expect_raises",
     "compare_logits",
     "passed",
+    "tiny",
     "ATOL",
 ]
 
@@ -102,6 +103,13 @@ def compare_logits(got: torch.Tensor, expected: torch.Tensor, what: str, first_p
         fail(f"{what}: the logits differ from a from-scratch run of the same sequence at position "
              f"{first_position + row}: max |Δ| {worst:.3g} (allowed {atol:g})", hint=hint)
     return worst
+
+
+@functools.lru_cache(maxsize=None)
+def tiny(seed: int = 0):
+    """The course's tiny seeded model, built once per process (no check changes its weights)."""
+    from engine.checkpoint import tiny_model
+    return tiny_model(seed=seed)
 
 
 def passed(message: str) -> None:

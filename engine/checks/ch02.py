@@ -8,13 +8,13 @@ engine's `PagedKVCache` and compares every logit with a from-scratch run of the 
 
 from __future__ import annotations
 
-import functools
 import random
 
 import torch
 
 from engine.cache.errors import BlockRefError, OutOfBlocks
-from engine.checks import ATOL, check, compare_logits, expect_equal, expect_raises, fail, passed
+from engine.checks import ATOL, check, compare_logits, expect_equal, expect_raises, fail, passed, tiny
+from engine.demos import seeded_tokens
 
 # Block sizes and lengths where slot math goes wrong: one short of a block, a full block, one past.
 BLOCK_SIZES = (1, 2, 4, 16)
@@ -349,17 +349,6 @@ def _compare_counts(allocator, counts: dict[int, int], log: list[str]) -> None:
 # the decisive check: the learner's allocator inside the engine
 # --------------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _model(seed: int = 0):
-    from engine.checkpoint import tiny_model
-    return tiny_model(seed=seed)
-
-
-def _prompt(length: int, seed: int) -> list[int]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (length,), generator=generator).tolist()
-
-
 @check
 def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, seed: int = 0) -> None:
     """Plug the allocator into PagedKVCache and compare logits with from-scratch runs.
@@ -371,7 +360,7 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
     from engine.cache.paged import PagedKVCache
     from engine.generate import cached_step, scratch_logits
 
-    model = _model(0)
+    model = tiny()
     allocator = _new(cls, num_blocks)
     # Scramble the physical order: take every block, give them back shuffled.
     order = allocator.allocate(num_blocks)
@@ -384,7 +373,7 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
                          device="cpu", allocator=allocator)
     bs = block_size
     lengths = [bs - 1, bs, bs + 1, 2 * bs + 1]
-    prompts = {i: _prompt(n, seed=100 + i) for i, n in enumerate(lengths)}
+    prompts = {i: seeded_tokens(n, seed=100 + i) for i, n in enumerate(lengths)}
     seqs: dict[int, list[int]] = {s: [] for s in prompts}
 
     def step(active: list[int], new: dict[int, list[int]], stage: str, hint: str) -> None:
@@ -429,7 +418,7 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
         active = sorted(seqs)
         new = {s: [rng.randrange(256)] for s in active}
         if t == 0:
-            new[newcomer] = _prompt(2 * bs + 2, seed=200)
+            new[newcomer] = seeded_tokens(2 * bs + 2, seed=200)
         step(active, new, f"at decode step {t + 1} after a fork, a free and a newcomer",
              "a block was reused while a table still named it: release must return a block to the free "
              "list only when its refcount reaches 0, and allocate must hand out only free blocks")

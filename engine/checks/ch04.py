@@ -7,12 +7,12 @@ or runs the model through it and compares every logit with a from-scratch run of
 
 from __future__ import annotations
 
-import functools
 import random
 
 import torch
 
-from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed
+from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.demos import seeded_tokens
 
 CORRUPTION_HINT = ("did the write land in a block another sequence still uses? A shared block "
                    "(refcount > 1) must be copied before it is written")
@@ -38,25 +38,14 @@ def _diagnose(cache) -> str:
     return CORRUPTION_HINT
 
 
-@functools.lru_cache(maxsize=None)
-def _model(seed: int = 0):
-    from engine.checkpoint import tiny_model
-    return tiny_model(seed=seed)
-
-
-def _prompt(length: int, seed: int) -> list[int]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (length,), generator=generator).tolist()
-
-
 def _cache(cls, num_blocks: int, block_size: int):
-    return cls(_model(0).config, num_blocks, block_size=block_size, dtype=torch.float32, device="cpu")
+    return cls(tiny().config, num_blocks, block_size=block_size, dtype=torch.float32, device="cpu")
 
 
 def _prefill(cache, seq: int, tokens: list[int]) -> None:
     from engine.generate import cached_step
     cache.create(seq)
-    cached_step(_model(0), cache, [seq], [tokens])
+    cached_step(tiny(), cache, [seq], [tokens])
 
 
 def _pools(cache) -> list[torch.Tensor]:
@@ -77,7 +66,7 @@ def check_fork_shares(cls) -> None:
     by one, no block is allocated and no K/V is copied."""
     bs = 4
     cache = _cache(cls, num_blocks=16, block_size=bs)
-    _prefill(cache, 0, _prompt(10, seed=1))
+    _prefill(cache, 0, seeded_tokens(10, seed=1))
     parent_table = list(cache.tables[0])
     free_before, pools_before = cache.allocator.num_free, _pools(cache)
     cache.fork(0, 1)
@@ -123,7 +112,7 @@ def check_copy_on_write(cls) -> None:
     in every layer, releases the old one and repoints only this sequence's table."""
     bs = 4
     cache = _cache(cls, num_blocks=16, block_size=bs)
-    _prefill(cache, 0, _prompt(10, seed=2))           # blocks: full, full, half (2 of 4 slots)
+    _prefill(cache, 0, seeded_tokens(10, seed=2))           # blocks: full, full, half (2 of 4 slots)
     table = list(cache.tables[0])
 
     # An unshared block: nothing to do.
@@ -188,16 +177,16 @@ def fork_block_counts(cls, prompt_len: int = 40, forks: int = 4, block_size: int
     """The chapter's demo: blocks used by a prompt, after `forks` forks, after each fork writes a token."""
     from engine.generate import cached_step
     cache = _cache(cls, num_blocks=num_blocks, block_size=block_size)
-    _prefill(cache, 0, _prompt(prompt_len, seed=3))
+    _prefill(cache, 0, seeded_tokens(prompt_len, seed=3))
     used = lambda: cache.allocator.num_blocks - cache.allocator.num_free  # noqa: E731
     parent_blocks = used()
     children = list(range(1, forks + 1))
     for c in children:
         cache.fork(0, c)
     after_forks = used()
-    cached_step(_model(0), cache, children, [[7 + c] for c in children])
+    cached_step(tiny(), cache, children, [[7 + c] for c in children])
     after_writes = used()
-    cached_step(_model(0), cache, [0], [[5]])
+    cached_step(tiny(), cache, [0], [[5]])
     after_parent = used()
     return {"parent_blocks": parent_blocks,
             "new_blocks_after_forks": after_forks - parent_blocks,
@@ -236,7 +225,7 @@ def check_fork_then_diverge(cls, block_size: int = 4, seed: int = 0) -> None:
     logits equal a from-scratch run of its own tokens. Forks land mid-block and on a block boundary,
     and a parent freed early must not take its children's history with it."""
     from engine.generate import cached_step, scratch_logits
-    model = _model(0)
+    model = tiny()
     bs = block_size
     longest = 4 * bs + 5                       # the mid-block prompt plus every token appended below
     cache = _cache(cls, num_blocks=8 * (-(-longest // bs) + 1), block_size=bs)
@@ -260,7 +249,7 @@ def check_fork_then_diverge(cls, block_size: int = 4, seed: int = 0) -> None:
     for s in (0, 10):
         cache.create(s)
         seqs[s] = []
-    step([0, 10], {0: _prompt(mid, seed=4), 10: _prompt(boundary, seed=5)}, "after prefill")
+    step([0, 10], {0: seeded_tokens(mid, seed=4), 10: seeded_tokens(boundary, seed=5)}, "after prefill")
     for parent, children in ((0, (1, 2)), (10, (11,))):
         for c in children:
             cache.fork(parent, c)
@@ -304,7 +293,7 @@ def parallel_samples(cls, prompt: list[int], seeds: list[int], steps: int, block
     draws its own tokens with its own seeded generator. Returns (samples, per-step logits, cache)."""
     from engine.generate import cached_step
     from engine.sampling import SamplingParams, sample
-    model = _model(0)
+    model = tiny()
     n = len(seeds)
     cache = _cache(cls, num_blocks=8 + n * (steps // block_size + 2) + -(-len(prompt) // block_size),
                    block_size=block_size)
@@ -334,12 +323,12 @@ def check_parallel_sampling(cls, n: int = 4, steps: int = 6) -> None:
     equal a from-scratch run of its own tokens, and the prompt's full blocks stay shared by all n."""
     from engine.generate import scratch_logits
     bs = 4
-    prompt = _prompt(9, seed=6)
+    prompt = seeded_tokens(9, seed=6)
     samples, logits, cache = parallel_samples(cls, prompt, seeds=list(range(n)), steps=steps, block_size=bs)
     if len({tuple(s) for s in samples}) < 2:
         fail(f"{n} samples with seeds 0..{n - 1} all drew the same tokens {samples[0]}",
              hint="each sample must continue from its own logits; were the forks given the same tokens?")
-    want = scratch_logits(_model(0), [prompt + s for s in samples])
+    want = scratch_logits(tiny(), [prompt + s for s in samples])
     for s in range(n):
         got = torch.stack(logits[s])
         compare_logits(got, want[s][len(prompt) - 1:], f"parallel sample {s} (seed {s}, tokens {samples[s]})",
@@ -356,15 +345,14 @@ def check_parallel_sampling(cls, n: int = 4, steps: int = 6) -> None:
            f"within {ATOL:g}; the prompt's {full} full block(s) shared with refcount {n}")
 
 
-def _blocks_in_use_by_simulation(prompt_len: int, n: int, generated: int, block_size: int) -> int:
-    """Blocks a real PagedKVCache holds for n samples of a prompt, each having generated some tokens.
-
-    Only the bookkeeping runs (reserve and the length the forward pass would commit), no model.
-    """
+def simulate_forks(prompt_len: int, n: int, generated: int, block_size: int, cls=None):
+    """A PagedKVCache (the engine's, or `cls`) holding n forked samples of a prompt, each having
+    generated `generated` tokens. Only the bookkeeping runs: reserve, fork, copy-on-write, and the
+    lengths a forward pass would commit; no model, so it is instant for any size."""
     from engine.cache.paged import PagedKVCache
     from engine.checkpoint import tiny_config
     need = n * (-(-(prompt_len + generated) // block_size) + 1)
-    cache = PagedKVCache(tiny_config(), need, block_size=block_size)
+    cache = (cls or PagedKVCache)(tiny_config(), need, block_size=block_size)
     cache.create(0)
     cache.reserve(0, prompt_len)
     cache.lengths[0] = prompt_len
@@ -374,7 +362,7 @@ def _blocks_in_use_by_simulation(prompt_len: int, n: int, generated: int, block_
         for s in range(n):
             cache.reserve(s, 1)
             cache.lengths[s] += 1
-    return cache.blocks_in_use
+    return cache
 
 
 @check
@@ -383,7 +371,7 @@ def check_shared_blocks(shared_blocks) -> None:
     cases = [(40, 4, 0, 16), (40, 4, 1, 16), (40, 4, 9, 16), (40, 4, 30, 16), (32, 4, 1, 16),
              (2000, 4, 1, 16), (10, 1, 5, 4), (9, 3, 3, 4), (1, 8, 1, 16), (100, 8, 100, 8)]
     for prompt_len, n, generated, bs in cases:
-        want = _blocks_in_use_by_simulation(prompt_len, n, generated, bs)
+        want = simulate_forks(prompt_len, n, generated, bs).blocks_in_use
         got = shared_blocks(prompt_len, n, generated, bs)
         if got != want:
             partial = prompt_len % bs

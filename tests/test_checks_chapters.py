@@ -1,0 +1,52 @@
+"""Each chapter's test cells call checks that exist, and every check of a chapter's module is graded."""
+import re
+
+import pytest
+
+from engine import checks
+from engine.checks import ch02, ch04
+from engine.course import cells
+from engine.course.paths import chapter_files
+from engine.course.source import load_chapter
+
+
+@pytest.mark.parametrize("module", [ch02, ch04], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_the_chapter_grades_every_check_and_only_checks(module):
+    prefix = module.__name__.rsplit(".", 1)[-1]
+    [chapter] = [path for path in chapter_files() if path.stem.startswith(prefix + "_")]
+    called = set()
+    for cell in load_chapter(chapter).cells:
+        if cells.is_test(cell):
+            names = re.findall(rf"\b{prefix}\.(\w+)\(", cell.source)
+            assert names, f"test cell {cells.grade_id(cell)} calls no check of {prefix}"
+            called.update(names)
+    for name in called:
+        assert getattr(getattr(module, name, None), "is_check", False), f"{prefix}.{name} is not a check"
+    assert {name for name in dir(module) if name.startswith("check_")} == called
+
+
+def test_a_check_reports_a_crash_as_a_failure_naming_the_place():
+    @checks.check
+    def check_something(fn):
+        fn()
+
+    def learner_code():
+        return {}["missing"]
+
+    with pytest.raises(checks.CheckFailed) as info:
+        check_something(learner_code)
+    assert "crashed in" in str(info.value) and "learner_code" in str(info.value) and "KeyError" in str(info.value)
+
+
+def test_logit_comparison_names_the_first_differing_position():
+    import torch
+
+    expected = torch.zeros(5, 3)
+    got = expected.clone()
+    got[3, 1] = 0.5
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.compare_logits(got, expected, "sequence 7", first_position=40, hint="look here")
+    message = str(info.value)
+    assert "sequence 7" in message and "at position 43" in message and "max |Δ| 0.5" in message
+    assert message.endswith("Hint: look here")
+    assert checks.compare_logits(expected + 1e-7, expected, "close enough") < checks.ATOL
