@@ -80,7 +80,8 @@ class Setup:
         """Build the model (or the roofline) and the KV budget in bytes from the command line."""
         self.simulated = bool(args.simulate)
         # On a CPU every length is halved by default: attention over a padded ragged batch costs
-        # rows x new tokens x history, so this keeps the whole bench near a minute; ratios barely move.
+        # rows x new tokens x history, so this keeps the whole bench under two minutes; the ratios
+        # barely move (the simulator, at full length, finds the same concurrency ratios).
         self.scale = args.scale or (1.0 if self.simulated else 0.5)
         self.prompt_len = tuple(max(1, round(n * self.scale)) for n in args.prompt_len)
         self.output_len = tuple(max(1, round(n * self.scale)) for n in args.output_len)
@@ -89,7 +90,7 @@ class Setup:
             from engine.serve import simulate
             gpu = simulate.GPUS.get(args.gpu)
             if gpu is None:
-                raise SystemExit(f"unknown --gpu {args.gpu!r}; known: {', '.join(simulate.GPUS)}")
+                raise ValueError(f"unknown --gpu {args.gpu!r}; known: {', '.join(simulate.GPUS)}")
             self.config = simulate.load_config(args.simulate)
             self.roofline = simulate.Roofline(self.config, gpu, name=args.simulate)
             self.model, self.bytes_per_token = None, self.roofline.kv_bytes_per_token
