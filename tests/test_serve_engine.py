@@ -50,7 +50,8 @@ def assert_matches_scratch(model, requests, tolerance=1e-5):
 
 def test_both_kinds_of_preemption_keep_outputs_exact(tiny):
     batch = prompts()
-    solo = [g.tokens for g in generate(tiny, batch, GREEDY)]             # from scratch, one by one
+    solo = [Engine(tiny, PagedKVCache(tiny.config, 64, 4)).generate([p], GREEDY)[0].outputs[0] for p in batch]
+    assert solo == [g.tokens for g in generate(tiny, batch, GREEDY)]   # solo runs agree with scratch
     cache = PagedKVCache(tiny.config, num_blocks=12, block_size=4)     # room for ~1.5 of 6 requests
     config = SchedulerConfig(max_batched_tokens=32, margin_blocks=1, preemption="auto", swap_min_tokens=16)
     engine = Engine(tiny, cache, config, keep_logits=True)
