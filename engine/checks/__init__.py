@@ -68,6 +68,7 @@ def expect_raises(errors: type | tuple, action: Callable[[], Any], what: str, hi
 
     A stub's NotImplementedError still reads "not implemented yet" (it propagates to `@check`).
     """
+    expected = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
     try:
         result = action()
     except NotImplementedError:
@@ -75,10 +76,8 @@ def expect_raises(errors: type | tuple, action: Callable[[], Any], what: str, hi
     except errors as exc:
         return exc
     except Exception as exc:  # the wrong kind of error is a failure worth naming
-        names = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
-        fail(what, f"{names} to be raised", f"{type(exc).__name__}: {exc}", hint)
-    names = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
-    fail(what, f"{names} to be raised", f"no error (it returned {_show(result)})", hint)
+        fail(what, f"{expected} to be raised", f"{type(exc).__name__}: {exc}", hint)
+    fail(what, f"{expected} to be raised", f"no error (it returned {_show(result)})", hint)
 
 
 def compare_logits(got: torch.Tensor, expected: torch.Tensor, what: str, first_position: int = 0,
