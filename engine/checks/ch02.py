@@ -123,7 +123,27 @@ def check_slot_mapping(slot_mapping) -> None:
                 hint = ("position -1 is padding: it has no slot, mark it -1" if pos < 0
                         else _boundary_hint(pos, bs))
                 fail(what, int(want[b, t]), int(got[b, t]), hint)
-    passed("slot_mapping: a ragged batch of 3 rows, across a block boundary, padding mapped to -1")
+    rng = random.Random(5)
+    for bs in BLOCK_SIZES:
+        # A ragged decode/prefill batch: row b writes positions [start, start + n) of a longer sequence.
+        starts = [bs - 1, bs, 2 * bs + 1, 0]
+        counts = [1, bs + 1, 2, 3 * bs]
+        width = max(counts)
+        columns = max(-(-(st + n) // bs) for st, n in zip(starts, counts)) + 1
+        rows = [rng.sample(range(200), columns) for _ in starts]
+        positions = torch.full((len(starts), width), -1, dtype=torch.long)
+        for b, (st, n) in enumerate(zip(starts, counts)):
+            positions[b, :n] = torch.arange(st, st + n)
+        got = slot_mapping(torch.tensor(rows, dtype=torch.long), positions.clone(), bs)
+        for b in range(len(starts)):
+            for t in range(width):
+                pos = int(positions[b, t])
+                want = -1 if pos < 0 else rows[b][pos // bs] * bs + pos % bs
+                if int(got[b, t]) != want:
+                    fail(f"slot_mapping with bs {bs}, row {b} (table {rows[b]}), position {pos}", want,
+                         int(got[b, t]), "position -1 is padding: mark it -1" if pos < 0 else _boundary_hint(pos, bs))
+    passed(f"slot_mapping: ragged batches across block boundaries for block sizes {list(BLOCK_SIZES)}, "
+           "padding mapped to -1")
 
 
 def _boundary_hint(pos: int, bs: int) -> str:
