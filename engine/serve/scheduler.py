@@ -11,6 +11,7 @@ sequence's final size up front says so with `reserves_up_front = True`; `create`
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -23,7 +24,8 @@ class SchedulerConfig:
 
     max_num_seqs: int = 256           # sequences in one batch
     max_batched_tokens: int = 512     # tokens in one forward: prefill chunks + decodes
-    margin_blocks: int = 2            # free blocks left after admitting a prompt (room to decode)
+    margin_blocks: int = 2            # free blocks left after admitting a prompt (room to decode)...
+    watermark: float = 0.01           # ...or this fraction of the pool, if more (vLLM's default 1%)
     preemption: str = "auto"          # "recompute", "swap", or "auto" (by length, see preemption_mode)
     swap_min_tokens: int = 128        # auto: swap victims at least this long, recompute shorter ones
     swap_space_tokens: int = 1 << 20  # host memory for swapped KV, in tokens
@@ -32,9 +34,11 @@ class SchedulerConfig:
         """Reject settings that could never schedule anything, naming them."""
         if self.preemption not in ("recompute", "swap", "auto"):
             raise ValueError(f"preemption must be 'recompute', 'swap' or 'auto', got {self.preemption!r}")
-        if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.margin_blocks < 0:
-            raise ValueError(f"need max_num_seqs >= 1, max_batched_tokens >= 1, margin_blocks >= 0; got "
-                             f"{self.max_num_seqs}, {self.max_batched_tokens}, {self.margin_blocks}")
+        if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.margin_blocks < 0 \
+                or not 0 <= self.watermark < 1:
+            raise ValueError(f"need max_num_seqs >= 1, max_batched_tokens >= 1, margin_blocks >= 0 and "
+                             f"0 <= watermark < 1; got {self.max_num_seqs}, {self.max_batched_tokens}, "
+                             f"{self.margin_blocks}, {self.watermark}")
 
 
 @dataclass
@@ -196,7 +200,10 @@ class Scheduler:
 
     def margin(self) -> int:
         """Free blocks to keep beyond a newcomer's prompt; none when nothing runs (it could wait forever)."""
-        return self.config.margin_blocks if self.running else 0
+        if not self.running:
+            return 0
+        pool = self.cache.allocator.num_blocks
+        return max(self.config.margin_blocks, math.ceil(self.config.watermark * pool))
 
     def evict(self, blocks_wanted: int) -> int:
         """Free prefix-cache blocks that no sequence uses, until `blocks_wanted` are free.
