@@ -13,6 +13,7 @@ copies the submissions into submitted/<student_id>/<chNN>/, runs nbgrader autogr
 from __future__ import annotations
 
 import argparse
+import csv
 import shutil
 import sys
 from pathlib import Path
@@ -85,9 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     if not args.submissions.is_dir():
         parser.error(f"{args.submissions} is not a folder (expected <student_id>/<chNN_topic>.ipynb inside)")
     outputs = autograde(args.submissions, args.course, chapter_files(args.solutions), args.timeout)
+    print(summary(outputs["grades"]))
     for what, where in outputs.items():
         print(f"{what + ':':24} {where}")
     return 0
+
+
+def summary(grades_csv: Path) -> str:
+    """One line per student and assignment from grades.csv: the score nbgrader gave (manual parts pending)."""
+    with grades_csv.open() as handle:
+        rows = list(csv.DictReader(handle))
+    lines = [f"{row['student_id']:16} {row['assignment']:6} {float(row['score']):g}/{float(row['max_score']):g}"
+             for row in sorted(rows, key=lambda r: (r["student_id"], r["assignment"]))]
+    return "\n".join(["student          chapter score (written answers count once graded by hand)", *lines])
 
 
 if __name__ == "__main__":
