@@ -165,7 +165,7 @@ def capacity(setup: Setup, args) -> dict:
         metrics[kind] = engine.metrics
     ratios = {}
     if "paged" in runs:
-        for kind in runs.keys() - {"paged"}:
+        for kind in [k for k in KINDS if k in runs and k != "paged"]:
             ratios[f"paged/{kind}"] = {key: ratio(runs["paged"][key], runs[kind][key]) for key in
                                        ("concurrent_mean_saturated", "concurrent_mean", "concurrent_peak",
                                         "kv_utilization_mean", "output_tokens_per_s")}
