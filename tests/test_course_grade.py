@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import nbformat
 import pytest
 
 from engine.course.grade import ChapterGrade, Exercise, format_table, grade_notebook
@@ -95,6 +96,16 @@ def test_a_deleted_test_cell_is_put_back_and_scored(tmp_path, solution):
     missing = with_cell_edited(solution, "triple", lambda s: s.replace("double(x) + x", "0"))
     missing.cells = [cell for cell in missing.cells if cell.id != "test_triple"]
     assert earned(tmp_path, missing) == losing("test_triple")
+
+
+@pytest.mark.slow
+def test_added_or_copied_graded_cells_earn_nothing(tmp_path, solution):
+    padded = with_cell_edited(solution, "triple", lambda s: s.replace("double(x) + x", "0"))
+    fake = nbformat.v4.new_code_cell("pass", metadata={"nbgrader": {
+        "grade": True, "grade_id": "bonus", "locked": True, "points": 100, "schema_version": 3, "solution": False}})
+    copy_of_test = next(cell for cell in padded.cells if cell.id == "test_square")
+    padded.cells += [fake, nbformat.from_dict(dict(copy_of_test, id="copied"))]
+    assert earned(tmp_path, padded) == losing("test_triple")
 
 
 def test_an_unreadable_notebook_scores_zero_and_says_why(tmp_path):

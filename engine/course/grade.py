@@ -62,31 +62,43 @@ class ChapterGrade:
 def cells_to_run(learner, chapter) -> list:
     """The learner's cells, with every locked cell (tests included) as the chapter has it.
 
-    Cells the learner deleted that hold tests are put back after the cell that preceded them in the
-    chapter, so a missing test scores 0 instead of silently vanishing from the table.
+    Only the chapter's graded cells can earn points: a cell the learner added keeps its code but loses
+    any nbgrader metadata, and a copy of a chapter cell runs once. Tests the learner deleted are put
+    back after the cell that preceded them in the chapter, so they score 0 instead of vanishing.
     """
     by_id = {cells.grade_id(c): c for c in chapter.cells if cells.grade_id(c)}
     result, placed = [], set()
     for cell in learner.cells:
-        original = by_id.get(cells.grade_id(cell))
+        grade_id = cells.grade_id(cell)
+        original = by_id.get(grade_id)
         if original is None:
-            result.append(cell)  # the learner's own cell
-            continue
-        placed.add(cells.grade_id(cell))
-        if cells.is_locked(original) or cells.is_graded(original) and not cells.is_solution(original):
-            result.append(nbformat.from_dict(dict(original, outputs=[]) if original.cell_type == "code"
-                                             else dict(original)))
+            own = nbformat.from_dict(dict(cell))
+            own.metadata.pop("nbgrader", None)  # the learner's own cell: worth nothing
+            result.append(own)
+        elif grade_id in placed:
+            continue  # a copy of a chapter cell
+        elif cells.is_locked(original) or cells.is_test(original):
+            result.append(_fresh(original))
         else:
-            restored = nbformat.from_dict(dict(cell))
-            restored.metadata["nbgrader"] = dict(cells.meta(original), **{
-                k: v for k, v in cells.meta(cell).items() if k == "checksum"})
+            restored = nbformat.from_dict(dict(cell))  # the learner's answer, the chapter's metadata
+            checksum = {k: v for k, v in cells.meta(cell).items() if k == "checksum"}
+            restored.metadata["nbgrader"] = dict(cells.meta(original), **checksum)
             result.append(restored)
+        placed.add(grade_id)
     for index, original in enumerate(chapter.cells):
         if cells.is_test(original) and cells.grade_id(original) not in placed:
-            earlier = [cells.grade_id(c) for c in chapter.cells[:index]]
+            earlier = {cells.grade_id(c) for c in chapter.cells[:index]}
             at = max((i + 1 for i, c in enumerate(result) if cells.grade_id(c) in earlier), default=len(result))
-            result.insert(at, nbformat.from_dict(dict(original, outputs=[])))
+            result.insert(at, _fresh(original))
     return result
+
+
+def _fresh(original):
+    """A copy of a chapter cell, with no outputs."""
+    cell = nbformat.from_dict(dict(original))
+    if cell.cell_type == "code":
+        cell.outputs = []
+    return cell
 
 
 def grade_notebook(notebook_path: Path, chapter_path: Path, timeout: float) -> ChapterGrade:
