@@ -6,6 +6,7 @@ lints every chapter in solutions/.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -103,7 +104,10 @@ def _ungraded_exercises(notebook_cells) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Lint the given chapter files (default: all of solutions/); exit 1 if any rule is broken."""
-    paths = [Path(arg) for arg in (sys.argv[1:] if argv is None else argv)] or chapter_files()
+    parser = argparse.ArgumentParser(prog="python -m engine.course.lint", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("chapters", nargs="*", type=Path, help="chapter sources (default: solutions/ch*.py)")
+    paths = parser.parse_args(argv).chapters or chapter_files()
     problems = [problem for path in paths for problem in lint_chapter(path)]
     for problem in problems:
         print(problem)
