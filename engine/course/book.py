@@ -23,6 +23,7 @@ from . import cells
 from .paths import chapter_files, chapter_name, offline_cpu_environ, repo_root, venv_environ
 from .source import load_chapter
 
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 EXECUTE_TIMEOUT_S = 600  # per cell; the kernel chapter runs Triton in the CPU interpreter
 # Pages the book's table of contents names; until the chapter author writes one, the build uses a stub.
 WRITTEN_PAGES = ("intro.md", "course_guide.md")
@@ -37,7 +38,19 @@ def execute_chapter(chapter_path: Path, workdir: Path, timeout: int = EXECUTE_TI
                             extra_arguments=["--HistoryManager.hist_file=:memory:"],
                             resources={"metadata": {"path": str(workdir)}})
     client.execute(env=offline_cpu_environ(), stderr=subprocess.DEVNULL)  # the kernel process's own noise
-    return notebook
+    return stable_widget_ids(notebook)
+
+
+def stable_widget_ids(notebook):
+    """The notebook with each ipywidgets model id (a random uuid) renamed by its order of creation,
+    so executing the same chapter twice gives the same page."""
+    state = notebook.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    if not state:
+        return notebook
+    text = nbformat.writes(notebook)
+    for index, model_id in enumerate(list(state)):
+        text = text.replace(model_id, f"widget{index:08d}")
+    return nbformat.reads(text, as_version=4)
 
 
 def learner_edition(executed):
