@@ -36,23 +36,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=None,
                         help="requests [256; simulated: 256, or twice what the paged pool holds "
                              "if more, which takes minutes for an 80 GB GPU]")
-    parser.add_argument("--prompt-len", type=int, nargs=2, default=(20, 500), metavar=("MIN", "MAX"))
-    parser.add_argument("--output-len", type=int, nargs=2, default=(10, 200), metavar=("MIN", "MAX"))
+    parser.add_argument("--prompt-len", type=int, nargs=2, default=(20, 500), metavar=("MIN", "MAX"),
+                        help="prompt tokens, uniform (before --scale)")
+    parser.add_argument("--output-len", type=int, nargs=2, default=(10, 200), metavar=("MIN", "MAX"),
+                        help="output tokens, uniform (before --scale); EOS is ignored")
     parser.add_argument("--scale", type=float, default=None,
                         help="multiply prompt/output lengths and --max-len [0.5 on CPU, 1 simulated]")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
     parser.add_argument("--max-len", type=int, default=1024, help="the Max policy's slot length")
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per paged block")
     parser.add_argument("--slots", type=int, default=12,
                         help="CPU KV budget in Max slots: bytes = slots * max-len * KV bytes per token")
     parser.add_argument("--token-budget", type=int, default=None,
                         help="tokens per step [256; 8192 simulated]")
-    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+                        help="which reservation policies to run")
     parser.add_argument("--prefix", action="store_true",
                         help="shared-system-prompt workload, prefix caching on vs off")
     parser.add_argument("--system-len", type=int, default=256, help="--prefix: shared prompt tokens")
     parser.add_argument("--simulate", metavar="CONFIG", help="a config.json path or name in engine/configs")
-    parser.add_argument("--gpu", default="H100-80GB", help="simulated GPU (see simulate.GPUS)")
+    parser.add_argument("--gpu", default="H100-80GB",
+                        help="simulated GPU: H100-80GB, H200, A100-80GB (A100), A100-40GB, laptop-8GB")
     parser.add_argument("--plot", metavar="PATH", help="save KV fill and batch size over time")
     parser.add_argument("--quiet", action="store_true", help="no tqdm bars on stderr")
 
