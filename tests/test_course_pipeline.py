@@ -12,10 +12,11 @@ import time
 import pytest
 
 from engine.course.autograde import autograde
-from fixtures.course_support import (BUILD, REPO, exercise_points, expanded, grade_json, possible, real_chapters,
-                                     scores, with_cell_edited, write_notebook)
+from fixtures.course_support import (BUILD, REPO, build_lock, exercise_points, expanded, grade_json, once_per_run,
+                                     possible, real_chapters, scores, with_cell_edited, write_notebook)
 
-# Its own group: the module's fixtures grade once, in one worker; the book tests are the other group.
+# Its own group: the module's fixtures grade once, in one worker (and once_per_run makes sure of it
+# where xdist does not honour groups).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("course-pipeline")]
 CHAPTERS = {chapter.stem: chapter for chapter in real_chapters()}
 # chapter -> (solution cell, text to change, the bug, the tests of that exercise): an off-by-one a
@@ -30,25 +31,28 @@ PLANTED = {
 
 @pytest.fixture(scope="module")
 def solutions_graded():
-    folder = BUILD / "pipeline" / "solutions"
-    for name, chapter in CHAPTERS.items():
-        write_notebook(expanded(chapter), folder, name)
-    return grade_json(folder, REPO / "solutions")
+    def grade_solutions():
+        folder = BUILD / "pipeline" / "solutions"
+        for name, chapter in CHAPTERS.items():
+            write_notebook(expanded(chapter), folder, name)
+        return grade_json(folder, REPO / "solutions")
+    return once_per_run("grade-solutions", grade_solutions)
 
 
 @pytest.fixture(scope="module")
 def planted_folder():
     """One submission: every chapter's solution with its planted bug."""
     folder = BUILD / "pipeline" / "planted" / "student_planted"
-    for name, chapter in CHAPTERS.items():
-        cell, old, new, _ = PLANTED[name]
-        write_notebook(with_cell_edited(expanded(chapter), cell, lambda s: s.replace(old, new)), folder, name)
+    with build_lock("planted"):
+        for name, chapter in CHAPTERS.items():
+            cell, old, new, _ = PLANTED[name]
+            write_notebook(with_cell_edited(expanded(chapter), cell, lambda s: s.replace(old, new)), folder, name)
     return folder
 
 
 @pytest.fixture(scope="module")
 def planted_graded(planted_folder):
-    return grade_json(planted_folder, REPO / "solutions")
+    return once_per_run("grade-planted", lambda: grade_json(planted_folder, REPO / "solutions"))
 
 
 def test_every_chapter_has_a_planted_bug():
