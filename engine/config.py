@@ -111,10 +111,12 @@ class ModelConfig:
 CONFIGS = Path(__file__).parent / "configs"
 
 
-def known_config(name: str) -> ModelConfig:
-    """A published model's shape by short name: llama-2-13b, llama-3-8b, llama-3-70b, qwen3-0.6b."""
-    path = CONFIGS / f"{name}.json"
+def known_config(name_or_path: str | Path) -> ModelConfig:
+    """A config.json by path, or a published model's shape by short name (e.g. llama-3-8b, qwen3-0.6b)."""
+    path = Path(name_or_path)
+    if not path.exists():
+        path = CONFIGS / f"{str(name_or_path).lower().removesuffix('.json')}.json"
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in CONFIGS.glob("*.json")))
-        raise KeyError(f"no config named {name!r}; known: {names}")
+        raise FileNotFoundError(f"no config {str(name_or_path)!r}: give a path or one of {names}")
     return ModelConfig.from_json(path)

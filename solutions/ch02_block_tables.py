@@ -56,6 +56,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.slots import check_block_size
 from engine.checkpoint import tiny_model
 from engine.checks import ch02
+from engine.course.widgets import explorer
 from engine.config import ModelConfig
 from engine.demos.paged import paged_figures, request_lengths, static_figures
 from engine.generate import cached_step, scratch_logits
@@ -251,31 +252,8 @@ def show_table(length=37, block_size=8, seed=0):
     plt.show()
 
 
-show_table()  # the static view
-
-# The sliders redraw into an Output widget only when moved, so a run without a browser (the book,
-# the grader) never renders into a widget; ipywidgets' interact() does, and can hang such runs.
-try:
-    import ipywidgets as widgets
-    from IPython.display import display
-except ImportError:
-    widgets = None
-if widgets is None:
-    print("(ipywidgets is not installed: the static view above is all there is)")
-else:
-    controls = {"length": widgets.IntSlider(value=37, min=1, max=80, description="length"),
-                "block_size": widgets.Dropdown(options=[1, 2, 4, 8, 16], value=8, description="block size"),
-                "seed": widgets.IntSlider(value=0, min=0, max=9, description="seed")}
-    view = widgets.Output()
-
-    def redraw(_change=None):
-        with view:
-            view.clear_output(wait=True)
-            show_table(**{name: control.value for name, control in controls.items()})
-
-    for control in controls.values():
-        control.observe(redraw, names="value")
-    display(widgets.VBox([widgets.HTML("Move a control to redraw:"), *controls.values(), view]))
+# A static view first; in JupyterLab, controls below it redraw the view (engine/course/widgets.py).
+explorer(show_table, length=(1, 80, 37), block_size=([1, 2, 4, 8, 16], 8), seed=(0, 9, 0))
 
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_util_md", "locked": true, "schema_version": 3, "solution": false}

@@ -48,6 +48,7 @@ import engine.config
 from engine.checkpoint import tiny_model
 from engine.checks import ch04
 from engine.config import ModelConfig
+from engine.course.widgets import explorer
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams, sample
 
@@ -300,32 +301,9 @@ def explore_fork(prompt_len=40, samples=4, generated=1, block_size=16):
     draw_tables(sim, list(range(samples)), "orange = shared, blue = private")
 
 
-explore_fork()  # the static view
-
-# The controls redraw into an Output widget only when moved, so a run without a browser (the book,
-# the grader) never renders into a widget; ipywidgets' interact() does, and can hang such runs.
-try:
-    import ipywidgets as widgets
-    from IPython.display import display
-except ImportError:
-    widgets = None
-if widgets is None:
-    print("(ipywidgets is not installed: the static view above is all there is)")
-else:
-    controls = {"prompt_len": widgets.IntSlider(value=40, min=1, max=96, description="prompt"),
-                "samples": widgets.IntSlider(value=4, min=1, max=8, description="samples"),
-                "generated": widgets.IntSlider(value=1, min=0, max=40, description="generated"),
-                "block_size": widgets.Dropdown(options=[4, 8, 16, 32, 64], value=16, description="block size")}
-    view = widgets.Output()
-
-    def redraw(_change=None):
-        with view:
-            view.clear_output(wait=True)
-            explore_fork(**{name: control.value for name, control in controls.items()})
-
-    for control in controls.values():
-        control.observe(redraw, names="value")
-    display(widgets.VBox([widgets.HTML("Move a control to redraw:"), *controls.values(), view]))
+# A static view first; in JupyterLab, controls below it redraw the view (engine/course/widgets.py).
+explorer(explore_fork, prompt_len=(1, 96, 40), samples=(1, 8, 4), generated=(0, 40, 1),
+         block_size=([4, 8, 16, 32, 64], 16))
 
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_sampling_md", "locked": true, "schema_version": 3, "solution": false}

@@ -15,3 +15,12 @@ def tiny():
     """The course's tiny seeded Qwen3 (fp32, CPU)."""
     from engine.checkpoint import tiny_model
     return tiny_model(seed=0)
+
+
+@pytest.fixture
+def one_thread():
+    """The tiny model runs fastest on one thread (no thread handoffs); restore the setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,4 +1,6 @@
 """ModelConfig: parsing both rope forms, validation, and the KV bytes per token of real models."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -48,5 +50,10 @@ def test_heads_must_group_evenly():
 
 
 def test_unknown_config_name_lists_the_known_ones():
-    with pytest.raises(KeyError, match="llama-3-8b"):
+    with pytest.raises(FileNotFoundError, match="llama-3-8b"):
         known_config("gpt-5")
+
+
+def test_a_config_by_path_or_by_name():
+    path = known_config("qwen3-0.6b")
+    assert known_config(Path(__file__).parents[1] / "engine/configs/qwen3-0.6b.json") == path

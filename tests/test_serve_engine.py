@@ -14,13 +14,7 @@ from engine.serve.scheduler import SchedulerConfig
 GREEDY = SamplingParams(max_tokens=14, ignore_eos=True)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model runs fastest on one thread; restore the setting afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def prompts(count=6, low=6, high=30, seed=3):

@@ -13,12 +13,7 @@ PROMPT = [(7 * i + 3) % 256 for i in range(37)]       # 37 tokens: 2 full blocks
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, ignore_eos=True)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_parallel_samples_share_the_prompt_and_equal_solo_runs(tiny):

@@ -93,7 +93,7 @@ class PagedKVCache:
         return self.gather(self.k_pools[layer], kv_lens), self.gather(self.v_pools[layer], kv_lens), kv_lens
 
     def attend(self, layer: int, q, k, v, positions: torch.Tensor) -> torch.Tensor:
-        """Store k, v, then attend q [B, Hq, T, D] over the pool itself: no contiguous copy of the history."""
+        """Store k, v, then attend q [B, Hq, T, D] through the block tables (Triton kernels read the pool in place)."""
         if self.attention == "reference":            # gather a contiguous history, then plain attention
             keys, values, kv_lens = self.update(layer, k, v, positions)
             return reference_attention(q, keys, values, positions, kv_lens)

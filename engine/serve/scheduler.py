@@ -184,8 +184,8 @@ class Scheduler:
             if not self.prefix:
                 self.cache.create(seq.seq_id)
             # Count after attaching: shared blocks are no longer free to evict (the vLLM trap).
-            need = self.blocks_for(len(seq.tokens)) - len(self.cache.tables[seq.seq_id])
-            need += self.margin()
+            # blocks_wanted also counts the copy of a shared last block that the first write triggers.
+            need = self.cache.blocks_wanted(seq.seq_id, len(seq.tokens) - reused) + self.margin()
             if self.free_blocks() < need and not (self.evict(need) and self.free_blocks() >= need):
                 self.release(seq)                      # undo the attach: nothing changes
                 return False

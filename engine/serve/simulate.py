@@ -16,13 +16,12 @@ ratios between two schedulers are what it is good for, not the absolute tokens p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
 from engine.cache.paged import PagedKVCache
-from engine.config import ModelConfig
+from engine.config import ModelConfig, known_config
 
 GIB = 1024 ** 3
 
@@ -47,18 +46,8 @@ GPUS = {g.name: g for g in (
 )}
 GPUS["A100"] = GPUS["A100-80GB"]
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-
-
-def load_config(name_or_path: str) -> ModelConfig:
-    """A config.json by path, or by name from engine/configs (e.g. 'llama-3-8b', 'qwen3-0.6b')."""
-    path = Path(name_or_path)
-    if not path.exists():
-        path = CONFIG_DIR / f"{name_or_path.lower().removesuffix('.json')}.json"
-    if not path.exists():
-        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
-        raise FileNotFoundError(f"no config {name_or_path!r}: give a path or one of {known}")
-    return ModelConfig.from_json(path)
+# A config.json by path, or a published model by name (engine/configs), e.g. "llama-3-8b".
+load_config = known_config
 
 
 class Roofline:
