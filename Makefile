@@ -28,10 +28,10 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -n 2 --dist loadgroup -q
+	$(PY) -m pytest -n 2 --dist loadfile -q
 
 test-fast: setup
-	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow and not browser"
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not browser"
 
 lab: setup
 	$(BIN)/jupyter lab notebooks/

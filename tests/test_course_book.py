@@ -14,7 +14,7 @@ from engine.course.book import learner_edition
 from engine.course.paths import chapter_files
 from fixtures.course_support import built_book, expanded, solutions_dir
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("course")]
+pytestmark = [pytest.mark.slow]
 
 
 class _Text(HTMLParser):

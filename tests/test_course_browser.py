@@ -18,7 +18,7 @@ import pytest
 from engine.course.paths import chapter_files
 from fixtures.course_support import REPO, built_book, solutions_dir
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.xdist_group("course")]
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 ARTIFACTS = REPO / "build" / "artifacts"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

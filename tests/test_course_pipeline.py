@@ -17,7 +17,7 @@ from fixtures.course_support import (BUILD, REPO, build_lock, exercise_points, e
 
 # Its own group: the module's fixtures grade once, in one worker (and once_per_run makes sure of it
 # where xdist does not honour groups).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("course-pipeline")]
+pytestmark = [pytest.mark.slow]
 CHAPTERS = {chapter.stem: chapter for chapter in real_chapters()}
 # chapter -> (solution cell, text to change, the bug, the tests of that exercise): an off-by-one a
 # learner could make. (ch04's parallel-sampling test sits after shared_blocks but checks the cache.)

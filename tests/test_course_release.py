@@ -9,7 +9,7 @@ from engine.course.release import release
 from engine.course.source import load_chapter
 from fixtures.course_support import BUILD, REPO, real_chapters
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("course-release")]
+pytestmark = [pytest.mark.slow]
 NOTEBOOKS = REPO / "notebooks"
 
 

@@ -19,7 +19,6 @@ from engine.attention import paged_attention
 from engine.attention.paged_reference import gather_history, paged_attention_reference
 from engine.attention.reference import attention
 
-pytestmark = pytest.mark.xdist_group("triton")  # one worker loads the interpreter for every kernel test
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"

@@ -299,7 +299,6 @@ def test_a_bfloat16_pool_stays_close_to_fp32(tiny):
     assert (got - scratch_logits(tiny, [seeded_tokens(2 * BS + 1, 0)])[0]).abs().max() < 0.1
 
 
-@pytest.mark.xdist_group("triton")
 def test_attend_through_the_triton_kernels_in_the_interpreter(tiny):
     # conftest.py turns the interpreter on where there is no GPU; on a GPU the kernels are compiled.
     pytest.importorskip("triton")
