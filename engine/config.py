@@ -35,11 +35,6 @@ class ModelConfig:
             raise ValueError(f"config: num_attention_heads {self.num_heads} is not a multiple of "
                              f"num_key_value_heads {self.num_kv_heads}")
 
-    @property
-    def group_size(self) -> int:
-        """Query heads that share one KV head."""
-        return self.num_heads // self.num_kv_heads
-
     def kv_bytes_per_token(self, dtype: torch.dtype = torch.float16) -> int:
         """Bytes of KV cache one token costs: K and V, in every layer, for every KV head."""
         bytes_per_value = torch.empty((), dtype=dtype).element_size()

@@ -67,8 +67,11 @@ def generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams | S
     """Generate for a batch of prompts; the same call with cache=None recomputes from scratch."""
     params = params or SamplingParams()
     params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-    if len(params) != len(prompts) or any(len(p) == 0 for p in prompts):
-        raise ValueError("give one SamplingParams per prompt, and no empty prompt")
+    if len(params) != len(prompts):
+        raise ValueError(f"give one SamplingParams per prompt: {len(prompts)} prompts, {len(params)} params")
+    empty = [i for i, p in enumerate(prompts) if len(p) == 0]
+    if empty:
+        raise ValueError(f"prompt {empty[0]} is empty: every prompt needs at least one token")
     eos = model.config.eos_token_id
     generators = [p.generator() for p in params]
     results = [Generation() for _ in prompts]
@@ -108,16 +111,19 @@ def generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams | S
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="'tiny' (seeded, no download) or a checkpoint directory")
     parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache", choices=["none", "static"], default="static")
+    parser.add_argument("--max-tokens", type=int, default=32, help="new tokens per prompt at most")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0 = all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
+    parser.add_argument("--cache", choices=["none", "static", "paged"], default="paged",
+                        help="none recomputes from scratch each step; static slots; paged blocks of 16")
 
 
 def main(args: argparse.Namespace) -> int:
     """`python -m engine generate`: print each prompt's continuation."""
+    from engine.cache.paged import PagedKVCache
+    from engine.cache.slots import blocks_needed
     from engine.cache.static import StaticKVCache
     from engine.checkpoint import load_model, tiny_model
     from engine.tokenizer import load_tokenizer
@@ -127,10 +133,12 @@ def main(args: argparse.Namespace) -> int:
     prompts = [tokenizer.encode(p) for p in args.prompt]
     params = [SamplingParams(args.temperature, args.top_k, args.top_p, args.max_tokens, args.seed + i)
               for i in range(len(prompts))]
+    dtype, longest = next(model.parameters()).dtype, max(len(p) for p in prompts) + args.max_tokens
     cache = None
     if args.cache == "static":
-        capacity = max(len(p) for p in prompts) + args.max_tokens
-        cache = StaticKVCache(model.config, len(prompts), capacity, next(model.parameters()).dtype)
+        cache = StaticKVCache(model.config, len(prompts), longest, dtype)
+    elif args.cache == "paged":
+        cache = PagedKVCache(model.config, len(prompts) * blocks_needed(longest, 16), 16, dtype)
     for prompt, out in zip(args.prompt, generate(model, prompts, params, cache)):
         print(f"{prompt!r} -> {tokenizer.decode(out.tokens)!r} ({out.finish_reason}, {len(out.tokens)} tokens)")
     return 0

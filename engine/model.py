@@ -125,8 +125,9 @@ class Qwen3Model(nn.Module):
 def check_from_scratch_positions(positions: torch.Tensor) -> None:
     """Without a cache, key index = position, so each row must read 0, 1, 2, ... then -1 padding."""
     expected = torch.arange(positions.shape[1], device=positions.device).expand_as(positions)
-    valid = positions >= 0
-    if not torch.equal(torch.where(valid, positions, -1), torch.where(valid, expected, -1)) or \
-            not torch.equal(valid, expected < valid.sum(-1, keepdim=True)):
-        raise ValueError("without a cache each row must hold a whole sequence: positions 0..n-1, "
-                         "then -1 padding")
+    whole = torch.where(expected < (positions >= 0).sum(-1, keepdim=True), expected, -1)
+    wrong = (positions != whole).any(dim=1)
+    if bool(wrong.any()):
+        row = int(wrong.nonzero()[0])
+        raise ValueError(f"without a cache each row must hold a whole sequence, positions 0..n-1 then -1 "
+                         f"padding; row {row} has positions {positions[row].tolist()}")

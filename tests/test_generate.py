@@ -35,11 +35,23 @@ def test_stops_on_eos():
 
 
 def test_empty_prompt_is_refused(tiny):
-    with pytest.raises(ValueError, match="empty prompt"):
-        generate(tiny, [[]])
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate(tiny, [[1], []])
+    with pytest.raises(ValueError, match="2 prompts, 1 params"):
+        generate(tiny, [[1], [2]], [SamplingParams()])
 
 
-def test_cli_generate_runs_offline():
-    out = subprocess.run([sys.executable, "-m", "engine", "generate", "--prompt", "hi", "--max-tokens", "4"],
-                         capture_output=True, text=True, check=True).stdout
-    assert out.startswith("'hi' -> ") and "4 tokens" in out
+def test_cli_generate_is_the_same_through_every_cache():
+    def run(cache):
+        return subprocess.run([sys.executable, "-m", "engine", "generate", "--prompt", "hi", "--prompt", "paged",
+                               "--max-tokens", "4", "--temperature", "0.7", "--cache", cache],
+                              capture_output=True, text=True, check=True).stdout
+    outputs = [run(cache) for cache in ("none", "static", "paged")]
+    assert outputs[0].startswith("'hi' -> ") and "4 tokens" in outputs[0]
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_from_scratch_rows_must_start_at_zero(tiny):
+    import torch
+    with pytest.raises(ValueError, match=r"row 1 has positions \[3, 4, -1\]"):
+        tiny(torch.zeros(2, 3, dtype=torch.long), torch.tensor([[0, 1, 2], [3, 4, -1]]))

@@ -1,7 +1,9 @@
 """The environment is pinned once: requirements.txt, environment.yml and constraints agree."""
 import re
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +35,14 @@ def test_constraints_agree_with_requirements():
             assert constraints.get(name) == version, f"{name}: requirements {version}, constraints {constraints.get(name)}"
 
 
-def test_top_level_layout():
-    for name in ("book", "notebooks", "engine", "solutions", "tests", "environment.yml", "Makefile", "README.md"):
-        assert (ROOT / name).exists(), name
+LAYOUT = {"book", "notebooks", "engine", "solutions", "tests", "environment.yml", "Makefile", "README.md"}
+PACKAGING = {"pyproject.toml", "requirements.txt", "constraints.txt", ".ci", ".gitignore"}
+
+
+def test_top_level_layout_is_exactly_the_course_layout():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip(f"not a git checkout: {tracked.stderr.strip()}")
+    top = {path.split("/")[0] for path in tracked.stdout.splitlines()}
+    assert LAYOUT <= top, f"missing: {sorted(LAYOUT - top)}"
+    assert top <= LAYOUT | PACKAGING, f"unexpected top-level entries: {sorted(top - LAYOUT - PACKAGING)}"

@@ -70,3 +70,10 @@ def test_utilization_counts_reserved_but_empty_positions(tiny):
     cache.create(0), cache.create(1)
     cached_step(tiny, cache, [0, 1], [[1] * 4, [2] * 12])
     assert cache.utilization() == pytest.approx(16 / 32)
+
+
+def test_unknown_sequence_is_named(tiny):
+    cache = StaticKVCache(tiny.config, max_seqs=1, capacity=8)
+    for call in (lambda: cache.reserve(5, 1), lambda: cache.set_batch([5]), lambda: cache.free(5)):
+        with pytest.raises(KeyError, match="sequence 5 is unknown"):
+            call()

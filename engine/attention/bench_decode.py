@@ -53,6 +53,9 @@ def kv_bytes(batch: int, context: int, dtype: torch.dtype) -> int:
     return 2 * batch * context * KV_HEADS * HEAD_DIM * torch.finfo(dtype).bits // 8
 
 
+FP16_TOLERANCE = 1e-2   # fp16 inputs, fp32 math: differences stay near fp16's resolution
+
+
 def bench_context(batch: int, context: int, peak: float | None, num_splits: int | None) -> list[dict]:
     """Time the paged kernel and contiguous SDPA at one context length; one result dict each."""
     from triton.testing import do_bench
@@ -103,15 +106,22 @@ def main(argv: list[str] | None = None) -> int:
                                   "running a tiny interpreter smoke test instead"}))
         if triton_installed():
             prepare_triton()
-            print(json.dumps(smoke_in_interpreter()))
+            smoke = smoke_in_interpreter()
+            print(json.dumps(smoke))
+            return 0 if smoke["ok"] else 1
         return 0
     name = torch.cuda.get_device_name()
     peak = peak_bandwidth(name, args.peak_gbs)
     print(json.dumps({"device": name, "peak_gbs": peak, "q_heads": Q_HEADS, "kv_heads": KV_HEADS,
                       "head_dim": HEAD_DIM, "block_size": BLOCK_SIZE}), flush=True)
+    worst = 0.0
     for context in args.contexts:
         for result in bench_context(args.batch, context, peak, args.splits):
             print(json.dumps(result), flush=True)
+            worst = max(worst, result["max_abs_diff_vs_sdpa"])
+    if worst > FP16_TOLERANCE:            # a fast kernel that computes the wrong thing is a failure
+        print(json.dumps({"error": f"paged kernel differs from SDPA by {worst:.3g} > {FP16_TOLERANCE}"}))
+        return 1
     return 0
 
 

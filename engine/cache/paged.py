@@ -171,7 +171,9 @@ class PagedKVCache:
         if seq not in self.swapped:
             raise KeyError(f"sequence {seq} is not swapped out")
         saved = self.swapped[seq]
-        blocks = self.allocator.allocate(saved.keys.shape[1])   # all or nothing: on failure seq stays swapped
+        if saved.keys.shape[1] > self.allocator.num_free:        # on failure seq simply stays swapped out
+            raise OutOfBlocks(saved.keys.shape[1], self.allocator.num_free, f"sequence {seq} cannot swap in")
+        blocks = self.allocator.allocate(saved.keys.shape[1])
         index = torch.tensor(blocks, dtype=torch.long, device=self.device)
         for layer, (k_pool, v_pool) in enumerate(zip(self.k_pools, self.v_pools)):
             k_pool[index] = saved.keys[layer].to(self.device)

@@ -40,15 +40,14 @@ class StaticKVCache:
 
     def reserve(self, seq: int, num_new: int) -> None:
         """Check the slot can hold `num_new` more positions (a static slot never grows)."""
-        if self.lengths[seq] + num_new > self.capacity:
+        if self.length(seq) + num_new > self.capacity:
             raise CacheFull(f"sequence {seq} holds {self.lengths[seq]} tokens; {num_new} more exceed "
                             f"its slot of {self.capacity}")
 
     def set_batch(self, seqs: Sequence[int]) -> None:
         """Remember which slot each batch row uses."""
-        missing = [s for s in seqs if s not in self.slot]
-        if missing:
-            raise KeyError(f"sequence {missing[0]} was never created")
+        for seq in seqs:
+            self.length(seq)                     # raises for a sequence that was never created
         self.batch = list(seqs)
 
     def update(self, layer, k, v, positions):
@@ -67,10 +66,14 @@ class StaticKVCache:
 
     def free(self, seq: int) -> None:
         """Return `seq`'s slot to the free list."""
+        self.length(seq)
         self.free_slots.append(self.slot.pop(seq))
         del self.lengths[seq]
 
     def length(self, seq: int) -> int:
+        """Tokens stored for `seq`; a KeyError that says so for a sequence this cache does not hold."""
+        if seq not in self.lengths:
+            raise KeyError(f"sequence {seq} is unknown to this cache (create it first, or it was freed)")
         return self.lengths[seq]
 
     def utilization(self) -> float:

@@ -30,11 +30,14 @@ def timed_round(allocator: BlockAllocator, ops: int, batch: int) -> tuple[int, i
     return spent_allocate, spent_release
 
 
+BATCH = 256   # blocks taken, then given back, per timed round
+
+
 def time_pool(num_blocks: int, ops: int, repeats: int) -> tuple[float, float]:
     """Best-of-`repeats` nanoseconds per allocate() and per release() on a half-full pool of num_blocks."""
     allocator = BlockAllocator(num_blocks)
     allocator.allocate(num_blocks // 2)              # a pool in use, not a fresh one
-    batch = min(ops, allocator.num_free)
+    batch = min(BATCH, allocator.num_free)           # the same batch at every size: only the pool grows
     done = -(-ops // batch) * batch                  # whole batches: slightly more than ops
     gc.disable()                                     # as timeit does: no collector pauses inside a timing
     try:
@@ -47,8 +50,8 @@ def time_pool(num_blocks: int, ops: int, repeats: int) -> tuple[float, float]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Operations per pool size and how many repeats to take the best of."""
     parser.add_argument("--ops", type=int, default=20_000, help="allocate/release pairs per pool size")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(POOL_SIZES))
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds per pool size; the best is kept")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(POOL_SIZES), help="pool sizes in blocks")
 
 
 def main(args: argparse.Namespace) -> int:
