@@ -16,7 +16,9 @@ help:
 	@echo "make grade      grade your notebooks (or: make grade DIR=path)"
 	@echo "make release    regenerate notebooks/ (learner edition) from solutions/"
 	@echo "make autograde SUBMISSIONS=dir   instructor: nbgrader autograde + feedback + grades.csv"
-	@echo "make book       build the HTML book into book/_build/html"
+	@echo "make book       build the HTML book into book/_build/html (make book-instructor: with solutions)"
+	@echo "make test-fast  the suite without notebook execution, book build and browser checks"
+	@echo "make bench      the continuous-batching benchmark (python -m engine bench --help for options)"
 
 setup: $(STAMP)
 
