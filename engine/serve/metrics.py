@@ -65,6 +65,10 @@ class Metrics:
         output_tokens = sum(len(s.output) for s in seqs)
         ttft = sorted(min(s.first_token_time for s in r.sequences) - r.arrival
                       for r in requests if all(s.first_token_time is not None for s in r.sequences))
+        # The vLLM paper's latency figure: end-to-end latency over output length, averaged over requests.
+        normalized = [(max(s.finish_time for s in r.sequences) - r.arrival)
+                      / max(1, len(r.sequences[0].output))
+                      for r in requests if all(s.finish_time is not None for s in r.sequences)]
         steps = self.steps or [StepRecord(0, 0, 0, 0, 0, 0, 0, 0, 1)]
         saturated = [s.running for s in steps if s.waiting] or [0]
         sched = engine.scheduler
@@ -75,6 +79,8 @@ class Metrics:
             "output_tokens": output_tokens,
             "elapsed_s": round(elapsed, 4),
             "output_tokens_per_s": round(output_tokens / elapsed, 2) if elapsed > 0 else 0.0,
+            "requests_per_s": round(len(requests) / elapsed, 3) if elapsed > 0 else 0.0,
+            "normalized_latency_s_per_token": round(mean(normalized), 5) if normalized else None,
             "ttft_mean_s": round(mean(ttft), 5) if ttft else None,
             "ttft_p50_s": round(percentile(ttft, 50), 5) if ttft else None,
             "ttft_p99_s": round(percentile(ttft, 99), 5) if ttft else None,

@@ -10,6 +10,10 @@ table, refcount, copy-on-write and swap is exercised); only the forward pass is 
                 + 4 * layers * q_heads * head_dim * (keys each new token attends to)
     swap      = blocks moved * block bytes / host-link bandwidth, added to the step
 
+The runner also splits the modelled time into compute-bound, memory-bound and swapping, and the HBM
+bytes into weights and KV: the bench's `paper_band` verdict reads them to say why a paged/static
+throughput ratio lands where it does (engine/serve/README.md has the figures).
+
 Every figure it prints is labelled a simulation: a roofline is an upper bound on speed, and the
 ratios between two schedulers are what it is good for, not the absolute tokens per second.
 """
@@ -135,6 +139,7 @@ class SimulatedRunner:
         self.roofline, self.cache = roofline, cache
         self.block_bytes = roofline.kv_bytes_per_token * getattr(cache, "block_size", 1)
         self.seconds = {"compute_bound": 0.0, "memory_bound": 0.0, "swapping": 0.0}
+        self.bytes = {"weights": 0, "kv": 0}           # HBM traffic: what a bigger batch adds is KV
 
     def execute(self, chunks) -> tuple[torch.Tensor, float]:
         """No forward: zero logits (greedy picks token 0) and the modelled duration of the step."""
@@ -143,6 +148,8 @@ class SimulatedRunner:
         rows = [(c.start, c.count, c.start + c.count == len(c.seq.tokens)) for c in chunks]
         seconds, bound = self.roofline.step_seconds(rows, with_bound=True)
         self.seconds[bound] += seconds
+        self.bytes["weights"] += self.roofline.weight_bytes
+        self.bytes["kv"] += sum(start + count for start, count, _ in rows) * self.roofline.kv_bytes_per_token
         moved = getattr(self.cache, "blocks_moved", 0)
         if moved:
             swapping = moved * self.block_bytes / (self.roofline.gpu.host_gbps * 1e9)
@@ -152,9 +159,27 @@ class SimulatedRunner:
         return torch.zeros(len(chunks), 1), seconds
 
     def time_split(self) -> dict:
-        """Fractions of the modelled time spent compute-bound, bandwidth-bound and swapping."""
+        """Fractions of the modelled time spent compute-bound, bandwidth-bound and swapping, and the
+        share of HBM bytes that were KV (the rest: weights, read once per step whatever the batch)."""
         total = sum(self.seconds.values()) or 1.0
-        return {f"{name}_fraction": round(value / total, 3) for name, value in self.seconds.items()}
+        split = {f"{name}_fraction": round(value / total, 3) for name, value in self.seconds.items()}
+        moved = sum(self.bytes.values())
+        split["kv_share_of_bytes"] = round(self.bytes["kv"] / moved, 3) if moved else 0.0
+        return split
+
+
+def gpu_for_device_name(device_name: str) -> str | None:
+    """The GPUS entry for a torch.cuda.get_device_name() string, or None for a card not in the table."""
+    name = device_name.upper()
+    if "H200" in name:
+        return "H200"
+    if "H100" in name:
+        return "H100-80GB"
+    if "A100" in name:
+        return "A100-40GB" if "40G" in name else "A100-80GB"
+    if "LAPTOP" in name:
+        return "laptop-8GB"
+    return None
 
 
 def label(config_name: str, gpu: GPU) -> str:
