@@ -10,7 +10,7 @@ import sys
 import nbformat
 import pytest
 
-from engine.course.grade import ChapterGrade, Exercise, format_table, grade_notebook
+from engine.course.grade import ChapterGrade, Exercise, first_failure, format_table, grade_notebook, main
 from engine.course.source import load_chapter
 from fixtures.course_support import FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, REPO, with_cell_edited, write_notebook
 
@@ -128,6 +128,8 @@ def test_grade_command_prints_the_table_and_json_and_exits_zero(tmp_path, soluti
     assert square.split()[:3] == [NAME, "test_square", "0/1"]
     assert "AssertionError: square(3) should be 9, got 6" in square
     assert "why" in table.stdout and "-/1" in table.stdout and "answered: graded by hand" in table.stdout
+    subtotal = next(line for line in lines if "subtotal" in line)
+    assert subtotal.split() == [NAME, "subtotal", "5/6", "+1", "graded", "by", "hand"]
     assert lines[-2] == "total: 5/6 points (+1 graded by hand)"
     assert lines[-1].startswith("graded 1 notebook(s) in ")
     report = json.loads(subprocess.run(command + ["--json"], capture_output=True, text=True, cwd=REPO).stdout)
@@ -138,7 +140,60 @@ def test_table_format_lists_every_exercise_and_the_total():
     grade = ChapterGrade("ch01_x", "nb", [Exercise("t1", 2, 2, "test"), Exercise("t2", 3, 0, "test", "Boom"),
                                           Exercise("q", 1, None, "manual", "not answered")])
     table = format_table([grade], ["no notebook for ch02_y in notebooks"])
-    assert [line.split() for line in table.splitlines()[2:5]] == [
-        ["ch01_x", "t1", "2/2"], ["ch01_x", "t2", "0/3", "Boom"], ["ch01_x", "q", "-/1", "not", "answered"]]
+    assert [line.split() for line in table.splitlines()[2:6]] == [
+        ["ch01_x", "t1", "2/2"], ["ch01_x", "t2", "0/3", "Boom"], ["ch01_x", "q", "-/1", "not", "answered"],
+        ["ch01_x", "subtotal", "2/5", "+1", "graded", "by", "hand"]]
     assert "total: 2/5 points (+1 graded by hand)" in table
     assert table.endswith("no notebook for ch02_y in notebooks")
+
+
+# A check's message as the notebooks show it: what it did, what it expected, what it got, and the hint
+# at the very end (the part a cut message loses first).
+LONG = ("CheckFailed: after fork + one different token each, sequence 0: the logits differ from a from-scratch "
+        "run of the same sequence at position 10: max |Δ| 0.711 (allowed 1e-05). Hint: did the write land in "
+        "a block another sequence still uses? A shared block (refcount > 1) must be copied before it is written")
+
+
+def test_table_prints_a_long_message_whole_wrapped_under_its_row():
+    one = ChapterGrade("ch04_x", "nb", [Exercise("test_diverge", 5, 0, "test", LONG), Exercise("t2", 2, 2, "test")])
+    two = ChapterGrade("ch05_y", "nb", [Exercise("test_z", 1, 1, "test"), Exercise("q", 2, None, "manual", "")])
+    table = format_table([one, two], [], width=100)
+    lines = table.splitlines()
+    assert all(len(line) <= 100 for line in lines), table
+    row = lines.index(next(line for line in lines if "test_diverge" in line))
+    column = lines[row].index("CheckFailed:")
+    continued = []
+    for line in lines[row + 1:]:
+        if line[:column].strip():
+            break
+        continued.append(line[column:])
+    assert len(continued) >= 2, table  # wrapped onto indented lines under the message column
+    assert " ".join([lines[row][column:]] + continued) == LONG  # whole, word for word: nothing cut
+    assert "at position 10: max |Δ| 0.711 (allowed 1e-05). Hint:" in " ".join(continued)
+    assert lines[row + 1 + len(continued)].split()[:2] == ["ch04_x", "t2"]
+    subtotals = [line.split() for line in lines if "subtotal" in line]
+    assert subtotals == [["ch04_x", "subtotal", "2/7"], ["ch05_y", "subtotal", "1/1", "+2", "graded", "by", "hand"]]
+    assert lines[-1] == "total: 3/8 points (+2 graded by hand)"
+
+
+def test_first_failure_keeps_the_whole_message():
+    cell = nbformat.v4.new_code_cell("", outputs=[nbformat.v4.new_output(
+        "error", ename="CheckFailed", evalue=LONG.removeprefix("CheckFailed: "), traceback=[])])
+    assert first_failure(cell) == LONG
+
+
+@pytest.mark.slow
+def test_a_long_failure_message_reaches_the_table_and_the_json_whole(tmp_path, solution, capsys):
+    long_triple = with_cell_edited(solution, "triple", lambda s: s.replace(
+        "return double(x) + x", f"raise AssertionError({LONG.removeprefix('CheckFailed: ')!r})"))
+    write_notebook(long_triple, tmp_path, NAME)
+    main([str(tmp_path), "--solutions", str(FIXTURE_SOLUTIONS), "--timeout", str(TIMEOUT_S), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    [triple] = [e for e in report["chapters"][0]["exercises"] if e["grade_id"] == "test_triple"]
+    assert triple["earned"] == 0
+    assert triple["message"] == "AssertionError: " + LONG.removeprefix("CheckFailed: ")
+    assert report["chapters"][0]["earned"] == 4 and report["chapters"][0]["manual"] == 1
+    main([str(tmp_path), "--solutions", str(FIXTURE_SOLUTIONS), "--timeout", str(TIMEOUT_S)])
+    table = capsys.readouterr().out
+    assert "must be copied before it is written" in table
+    assert " ".join(table.split()).count("Hint: did the write land in a block another sequence still uses?") == 1

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -28,6 +30,8 @@ from .source import load_chapter
 TIMEOUT_ENV = "GRADE_CELL_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60
 DEFAULT_JOBS = 2
+TABLE_WIDTH = 120          # the table's width when the terminal's is unknown (a pipe, a file)
+MIN_MESSAGE_WIDTH = 48     # the message column never wraps narrower than this
 
 
 @dataclass
@@ -57,6 +61,11 @@ class ChapterGrade:
     @property
     def possible(self) -> float:
         return sum(e.possible for e in self.exercises if e.kind == "test")
+
+    @property
+    def manual(self) -> float:
+        """Points of the written answers, graded by hand."""
+        return sum(e.possible for e in self.exercises if e.kind == "manual")
 
 
 def cells_to_run(learner, chapter) -> list:
@@ -144,12 +153,12 @@ def _unreadable(notebook_path: Path, chapter_path: Path, chapter, error: Excepti
         if cells.is_graded(cell):
             kind = "manual" if cells.is_manual(cell) else "test"
             result.exercises.append(Exercise(cells.grade_id(cell), cells.points(cell),
-                                             None if kind == "manual" else 0.0, kind, message[:110]))
+                                             None if kind == "manual" else 0.0, kind, message))
     return result
 
 
 def _score(cell, failed_above: str) -> Exercise:
-    """nbgrader's score for one graded cell, with the first line of what went wrong (and the failing
+    """nbgrader's score for one graded cell, with the whole message of what went wrong (and the failing
     solution cell above it, the likely cause)."""
     earned, possible = determine_grade(cell)
     if cells.is_manual(cell):
@@ -159,22 +168,22 @@ def _score(cell, failed_above: str) -> Exercise:
     message = "" if earned == possible else first_failure(cell)
     if message and failed_above:
         message += f" (after {failed_above})"
-    if len(message) > 200:
-        message = message[:197] + "..."
     return Exercise(cells.grade_id(cell), possible, earned, "test", message)
 
 
-def first_failure(cell, width: int = 140) -> str:
-    """The first line of the cell's error (or stderr) output, shortened to `width` characters."""
+def first_failure(cell) -> str:
+    """What went wrong in the cell, whole: its error as `Name: message` (a check's message is what it
+    did, what it expected, what it got and a hint, and the hint is at the end), or the first line it
+    wrote to stderr. Line breaks become spaces, so the table can wrap the message as it likes."""
     for output in cell.get("outputs", []):
         if output.output_type == "error":
             text = f"{output.ename}: {output.evalue}".strip().rstrip(":")
         elif output.output_type == "stream" and output.name == "stderr":
-            text = "wrote to stderr: " + "".join(output.text).strip()
+            lines = [line for line in "".join(output.text).splitlines() if line.strip()]
+            text = "wrote to stderr: " + (lines[0].strip() if lines else "")
         else:
             continue
-        line = text.splitlines()[0] if text.splitlines() else text
-        return line if len(line) <= width else line[: width - 3] + "..."
+        return " ".join(text.split())
     return ""
 
 
@@ -196,19 +205,42 @@ def grade_directory(notebook_dir: Path, solutions_dir: Path, timeout: float,
     return grades, notes
 
 
-def format_table(grades: list[ChapterGrade], notes: list[str]) -> str:
-    """The score table: chapter, exercise, points, and what went wrong; then the total."""
-    rows = [("chapter", "exercise", "points", "message")]
+def format_table(grades: list[ChapterGrade], notes: list[str], width: int | None = None) -> str:
+    """The score table: chapter, exercise, points and what went wrong, a subtotal under each chapter,
+    then the total. A long message is wrapped, whole, onto indented lines under its row's message
+    column; `width` is the table's width (default: the terminal's, else TABLE_WIDTH)."""
+    header = ("chapter", "exercise", "points", "message")
+    blocks: list[list[tuple[str, str, str, str]]] = []
     for grade in grades:
+        rows = []
         for e in grade.exercises:
             score = f"{e.earned:g}/{e.possible:g}" if e.kind == "test" else f"-/{e.possible:g}"
             rows.append((grade.chapter, e.grade_id, score, e.message))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = [("  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3]).rstrip() for row in rows]
-    lines.insert(1, "-" * max(len(line) for line in lines))
+        rows.append((grade.chapter, "subtotal", f"{grade.earned:g}/{grade.possible:g}",
+                     f"+{grade.manual:g} graded by hand" if grade.manual else ""))
+        blocks.append(rows)
+    every = [header] + [row for rows in blocks for row in rows]
+    widths = [max(len(row[i]) for row in every) for i in range(3)]
+    indent = sum(widths) + 2 * 3
+    width = width or shutil.get_terminal_size((TABLE_WIDTH, 24)).columns
+    wrap = max(MIN_MESSAGE_WIDTH, width - indent)
+
+    def lines_of(row) -> list[str]:
+        left = "  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  "
+        parts = textwrap.wrap(row[3], wrap, break_on_hyphens=False) or [""]
+        return [(left + parts[0]).rstrip()] + [" " * indent + part for part in parts[1:]]
+
+    rule = "-" * min(width, max(len(line) for row in every for line in lines_of(row)))
+    lines = lines_of(header) + [rule]
+    for number, rows in enumerate(blocks):
+        if number:
+            lines.append("")
+        for row in rows:
+            lines += lines_of(row)
+    lines.append(rule)
     earned = sum(g.earned for g in grades)
     possible = sum(g.possible for g in grades)
-    manual = sum(e.possible for g in grades for e in g.exercises if e.kind == "manual")
+    manual = sum(g.manual for g in grades)
     lines.append(f"total: {earned:g}/{possible:g} points" + (f" (+{manual:g} graded by hand)" if manual else ""))
     return "\n".join(lines + notes)
 
@@ -231,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.dir} is not a folder of notebooks")
     grades, notes = grade_directory(args.dir, args.solutions, args.timeout, args.jobs)
     if args.json:
-        print(json.dumps({"chapters": [dict(asdict(g), earned=g.earned, possible=g.possible) for g in grades],
+        print(json.dumps({"chapters": [dict(asdict(g), earned=g.earned, possible=g.possible, manual=g.manual)
+                                       for g in grades],
                           "earned": sum(g.earned for g in grades),
                           "possible": sum(g.possible for g in grades), "notes": notes}, indent=1))
     else:
