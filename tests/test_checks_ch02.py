@@ -196,6 +196,10 @@ class HandsOutLiveBlock(BlockAllocator):
     (ch02.check_allocator_errors, SilentDoubleFree, ["double free", "BlockRefError to be raised", "no error"]),
     (ch02.check_allocator_errors, SilentShareOfFree, ["share", "of a free block", "no error"]),
     (ch02.check_allocator_basics, LeakyRelease, ["after the last release", "expected 0, got 1"]),
+    (ch02.check_allocator_basics, EagerRelease, ["then release", "expected 1, got 0", "ONE reference",
+                                                 "until its last owner releases it"]),
+    (ch02.check_allocator_basics, HandsOutLiveBlock, ["allocate() call 3 of 8", "still in use",
+                                                      "handed out twice", "only from the free list"]),
     (ch02.check_refcounts_balance, LeakyRelease, ["never dropped (a leak)"]),
     (ch02.check_refcounts_balance, EagerRelease, ["dropped too early", "use after free"]),
     (ch02.check_allocator_in_engine, LeakyRelease, ["releasing it", "expected 24, got 0", "(a leak)"]),
@@ -206,6 +210,26 @@ def test_allocator_bug_is_caught(check, bug, words):
     message = fails(check, bug)
     for word in words:  # a tuple: any one of these phrasings
         assert any(w in message for w in ((word,) if isinstance(word, str) else word)), message
+
+
+def test_a_live_block_handed_out_again_is_named_with_its_refcount():
+    message = fails(ch02.check_allocator_basics, HandsOutLiveBlock)
+    assert "it handed out block" in message and "(refcount 1)" in message, message
+
+
+@pytest.mark.parametrize("bug", [HalfAllocate, SilentDoubleFree, SilentShareOfFree, LeakyRelease, EagerRelease,
+                                 HandsOutLiveBlock], ids=lambda b: b.__name__)
+def test_every_planted_allocator_bug_fails_a_bookkeeping_check(bug):
+    # The basics check covers normal use (allocate, share, release); the error paths (a failed
+    # allocation, a double free, a share of a free block) are the errors check's. Together, with no
+    # model run, they catch every planted bug.
+    caught = []
+    for check in (ch02.check_allocator_basics, ch02.check_allocator_errors):
+        try:
+            check(bug)
+        except CheckFailed:
+            caught.append(check.__name__)
+    assert caught, f"{bug.__name__} passes both the basics and the errors check"
 
 
 def test_half_allocation_names_the_leaked_blocks():

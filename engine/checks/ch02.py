@@ -194,7 +194,9 @@ def check_allocator_basics(cls) -> None:
                  "share adds one reference: a second table now names the block")
     expect_equal(allocator.num_free, 4, f"after share({a}): num_free", "sharing allocates nothing")
     allocator.release(a)
-    expect_equal(allocator.refcount(a), 1, f"after share({a}) then release({a}): refcount({a})")
+    expect_equal(allocator.refcount(a), 1, f"after share({a}) then release({a}): refcount({a})",
+                 "release drops ONE reference; a block with another owner stays in use, off the free list, "
+                 "until its last owner releases it")
     expect_equal(allocator.num_free, 4, f"after release({a}) with one reference left: num_free",
                  "a block returns to the free list only when its refcount reaches 0")
     allocator.release(a)
@@ -204,13 +206,33 @@ def check_allocator_basics(cls) -> None:
     for b in rest:
         allocator.release(b)
     expect_equal(allocator.num_free, 8, "after releasing every block: num_free")
-    everything = allocator.allocate(8)
-    expect_equal(sorted(everything), list(range(8)), "allocate(8) after everything was released",
+    # Take the whole pool back one block at a time: no block may be handed out while it is still in use.
+    live: list[int] = []
+    for call in range(1, 9):
+        [block] = _one_block(allocator.allocate(), f"allocate() call {call} of 8 on an emptying pool")
+        if block in live:
+            fail(f"allocate() call {call} of 8, after the whole pool was released and {len(live)} blocks "
+                 f"allocated again ({live}): it handed out block {block}, which is still in use "
+                 f"(refcount {allocator.refcount(block)}): the same block is now handed out twice",
+                 hint="allocate must take blocks only from the free list, and a block leaves the free "
+                      "list when it is handed out; a block in use belongs to a table until its last "
+                      "release")
+        expect_equal(allocator.refcount(block), 1, f"allocate() call {call} of 8: refcount of block {block}",
+                     "a block handed out belongs to exactly one table")
+        live.append(block)
+    expect_equal(sorted(live), list(range(8)), "8 calls of allocate() after everything was released",
                  "every block must be handed out exactly once: is a released block put back twice, "
                  "or one never put back?")
     expect_equal(allocator.num_free, 0, "after allocating the whole pool: num_free")
     passed("allocator basics: distinct blocks with refcount 1, share 1 -> 2, release 2 -> 1 -> 0, "
-           "free list refilled, the whole pool allocatable again")
+           "free list refilled, the whole pool allocatable again one block at a time, never a live block")
+
+
+def _one_block(got, what: str) -> list[int]:
+    """`got` must be a list of one block id; return it."""
+    if not isinstance(got, list) or len(got) != 1 or not isinstance(got[0], int):
+        fail(what, "a list with one block id", got, "allocate(n) returns a list of n block ids, also for n=1")
+    return got
 
 
 @check
