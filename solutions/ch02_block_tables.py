@@ -37,7 +37,12 @@
 # **How to work.** Run the cells in order. A cell that starts with `raise NotImplementedError()` is
 # yours to write; the locked cell after it runs the graded check and prints one line starting with ✓
 # when your code is right, or a message that says what it expected, what came back, and where to look.
-# Figures and explorers use the engine's own code, so they work before you have finished.
+#
+# Figures and explorers use the engine's own code, so they run before you have written anything. Two
+# small cells run *your* code instead, each right after an exercise's tests, under a heading that
+# starts with **With your code** ("With your code: utilization" after Exercise 2.2, "With your code:
+# your allocator in the cache" after Exercise 2.3). Until that exercise is done they stop with
+# `NotImplementedError`, which is expected; no other cell needs your code.
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_setup", "locked": true, "schema_version": 3, "solution": false}
 import math
@@ -51,6 +56,7 @@ import torch
 
 import engine.config
 from engine.cache import slots as reference_slots
+from engine.cache.allocator import BlockAllocator as ReferenceAllocator   # the engine's, for the figures
 from engine.cache.errors import BlockRefError, OutOfBlocks
 from engine.cache.paged import PagedKVCache
 from engine.cache.slots import check_block_size
@@ -283,22 +289,32 @@ def paged_utilization(lengths, block_size):
 # %% nbgrader={"grade": true, "grade_id": "ch02_test_paged_utilization", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 ch02.check_paged_utilization(paged_utilization)
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_yours_util_md", "locked": true, "schema_version": 3, "solution": false}
+# **With your code: utilization.** This cell needs your `paged_utilization` (Exercise 2.2); until you
+# have written it, it stops with `NotImplementedError`. It evaluates your function on the 32-request
+# workload of section 2.1 for several block sizes and sets each value beside what the engine's
+# `PagedKVCache` reported when it actually stored those requests (`paged_figures`, rounded to three
+# places).
+
+# %% nbgrader={"grade": false, "grade_id": "ch02_yours_util", "locked": true, "schema_version": 3, "solution": false}
+for size in (8, 16, 32, 64, 128):
+    engine_value = paged16["utilization"] if size == 16 else paged_figures(lengths, block_size=size)["utilization"]
+    yours = paged_utilization(lengths, size)
+    print(f"32 requests in blocks of {size:3d}: your paged_utilization {yours:.3f}, "
+          f"the engine's PagedKVCache {engine_value:.3f}" + ("" if abs(yours - engine_value) < 5e-4 else "  <- differs"))
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_tradeoff_md", "locked": true, "schema_version": 3, "solution": false}
-# Your function against the engine: the cell below evaluates `paged_utilization` on the 32-request
-# workload of section 2.1 and sets it beside what the engine's `PagedKVCache` reported when it actually
-# stored those requests. Then it draws the trade-off that decides the block size. Smaller blocks waste
-# less of the last block, but every block is one more table entry for the attention kernel to look up
-# and one more small, scattered load. For a 300-token sequence the expected tail is $(b-1)/2$ slots
-# and the table has $\lceil 300/b \rceil$ entries.
+# The cell below draws the trade-off that decides the block size, from the engine's own slot math
+# (`engine.cache.slots.blocks_needed`), so it runs whether or not you have finished the exercises.
+# Smaller blocks waste less of the last block, but every block is one more table entry for the
+# attention kernel to look up and one more small, scattered load. For a 300-token sequence the
+# expected tail is $(b-1)/2$ slots and the table has $\lceil 300/b \rceil$ entries.
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_tradeoff", "locked": true, "schema_version": 3, "solution": false}
-print(f"32 requests in blocks of 16: your paged_utilization {paged_utilization(lengths, 16):.3f}, "
-      f"the engine's PagedKVCache {paged16['utilization']:.3f}")
-
 sizes = [8, 16, 32, 64, 128]
 n = 300
 waste = [(b - 1) / 2 for b in sizes]
-entries = [math.ceil(n / b) for b in sizes]
+entries = [reference_slots.blocks_needed(n, b) for b in sizes]
 for b, w, e in zip(sizes, waste, entries):
     print(f"block size {b:3d}: expected tail {w:5.1f} slots ({w / n:5.1%} of a {n}-token sequence), "
           f"table {e:2d} entries")
@@ -398,47 +414,81 @@ ch02.check_allocator_in_engine(BlockAllocator, block_size=2, num_blocks=40, seed
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_pool_md", "locked": true, "schema_version": 3, "solution": false}
-# Here is what that looks like from the inside. The cell prefills five prompts through a cache that
-# uses your allocator, prints each block table, compares the logits with a from-scratch run, and draws
-# the pool: one cell per physical block, coloured by the sequence that owns it. The sequences'
-# blocks interleave in the pool, yet every sequence reads back exactly its own history.
+# Here is what that looks like from the inside. The cell prefills five prompts through a cache whose
+# free list has been scrambled, prints each block table, compares the logits with a from-scratch run,
+# and draws the pool: one cell per physical block, coloured by the sequence that owns it. The
+# sequences' blocks interleave in the pool, yet every sequence reads back exactly its own history. It
+# uses the engine's `BlockAllocator`, so it runs before you have written yours; the cell after it runs
+# the same prompts through yours.
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_pool", "locked": true, "schema_version": 3, "solution": false}
 model = tiny_model(seed=0)
-demo_allocator = BlockAllocator(24)
-order = demo_allocator.allocate(24)
-random.Random(1).shuffle(order)
-for block in order:                      # scramble the free list, as a long-running server would
-    demo_allocator.release(block)
-cache = PagedKVCache(model.config, 24, block_size=4, allocator=demo_allocator)
 prompts = [torch.randint(0, 256, (n,)).tolist() for n in (3, 9, 6, 13, 4)]
-for seq in range(len(prompts)):
-    cache.create(seq)
-cached = cached_step(model, cache, list(range(len(prompts))), prompts)
-fresh = scratch_logits(model, prompts)
-for seq, prompt in enumerate(prompts):
-    diff = float((cached[seq] - fresh[seq]).abs().max())
-    print(f"sequence {seq}: {len(prompt):2d} tokens, table {cache.tables[seq]}, max |Δ| vs from scratch {diff:.1e}")
-print(f"blocks in use {cache.blocks_in_use} of 24, tokens {cache.tokens_stored}, "
-      f"utilization {cache.utilization():.1%}")
 
-owner = {block: seq for seq, table in cache.tables.items() for block in table}
-fig, ax = plt.subplots(figsize=(9, 1.4))
-colours = plt.get_cmap("tab10")
-for block in range(24):
-    seq = owner.get(block)
-    ax.add_patch(plt.Rectangle((block, 0), 0.92, 0.9, facecolor=colours(seq) if seq is not None else "white",
-                               edgecolor="grey"))
-    ax.text(block + 0.46, 0.45, str(block) if seq is None else f"{block}\ns{seq}", ha="center", va="center",
-            fontsize=6)
-ax.set_xlim(0, 24)
-ax.set_ylim(0, 1)
-ax.axis("off")
-ax.set_title("The pool: physical block id and owning sequence (white = free)", fontsize=9)
-plt.show()
-for seq in range(len(prompts)):
-    cache.free(seq)
-print(f"after freeing everyone: {demo_allocator.num_free} of 24 blocks free")
+
+def fill_pool(allocator_class, num_blocks=24, block_size=4):
+    """Prefill `prompts` through a PagedKVCache whose allocator (of `allocator_class`) hands blocks out in
+    scrambled order; print each table and its largest logit difference from a from-scratch run."""
+    allocator = allocator_class(num_blocks)
+    order = allocator.allocate(num_blocks)
+    random.Random(1).shuffle(order)
+    for block in order:                      # scramble the free list, as a long-running server would
+        allocator.release(block)
+    cache = PagedKVCache(model.config, num_blocks, block_size=block_size, allocator=allocator)
+    for seq in range(len(prompts)):
+        cache.create(seq)
+    cached = cached_step(model, cache, list(range(len(prompts))), prompts)
+    fresh = scratch_logits(model, prompts)
+    for seq, prompt in enumerate(prompts):
+        diff = float((cached[seq] - fresh[seq]).abs().max())
+        print(f"sequence {seq}: {len(prompt):2d} tokens, table {cache.tables[seq]}, max |Δ| vs from scratch {diff:.1e}")
+    print(f"blocks in use {cache.blocks_in_use} of {num_blocks}, tokens {cache.tokens_stored}, "
+          f"utilization {cache.utilization():.1%}")
+    return cache
+
+
+def draw_pool(cache):
+    """One cell per physical block, coloured by the sequence whose table names it (white = free)."""
+    owner = {block: seq for seq, table in cache.tables.items() for block in table}
+    num_blocks = cache.allocator.num_blocks
+    fig, ax = plt.subplots(figsize=(9, 1.4))
+    colours = plt.get_cmap("tab10")
+    for block in range(num_blocks):
+        seq = owner.get(block)
+        ax.add_patch(plt.Rectangle((block, 0), 0.92, 0.9, facecolor=colours(seq) if seq is not None else "white",
+                                   edgecolor="grey"))
+        ax.text(block + 0.46, 0.45, str(block) if seq is None else f"{block}\ns{seq}", ha="center", va="center",
+                fontsize=6)
+    ax.set_xlim(0, num_blocks)
+    ax.set_ylim(0, 1)
+    ax.axis("off")
+    ax.set_title("The pool: physical block id and owning sequence (white = free)", fontsize=9)
+    plt.show()
+
+
+def free_all(cache):
+    for seq in list(cache.tables):
+        cache.free(seq)
+    print(f"after freeing everyone: {cache.allocator.num_free} of {cache.allocator.num_blocks} blocks free")
+
+
+engine_cache = fill_pool(ReferenceAllocator)
+draw_pool(engine_cache)
+engine_tables = {seq: list(table) for seq, table in engine_cache.tables.items()}
+free_all(engine_cache)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_yours_pool_md", "locked": true, "schema_version": 3, "solution": false}
+# **With your code: your allocator in the cache.** This cell needs your `BlockAllocator` (Exercise
+# 2.3); until you have written it, it stops with `NotImplementedError`. It runs the same five prompts
+# through a cache that uses your allocator: every $|\Delta|$ should be as small as above, and at the
+# end the whole pool should be free again. (Your tables may name other physical blocks than the
+# engine's if your free list hands blocks out in another order; that is allowed.)
+
+# %% nbgrader={"grade": false, "grade_id": "ch02_yours_pool", "locked": true, "schema_version": 3, "solution": false}
+your_cache = fill_pool(BlockAllocator)
+print("the same physical blocks as with the engine's allocator:",
+      {seq: list(table) for seq, table in your_cache.tables.items()} == engine_tables)
+free_all(your_cache)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_review_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 2.7 Check your understanding

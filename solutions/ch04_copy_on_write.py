@@ -35,6 +35,13 @@
 #
 # The milestone check forks sequences, lets parent and children continue with *different* tokens, and
 # requires every one of them to produce exactly the logits of a from-scratch run of its own tokens.
+#
+# **Which cells need your code.** Figures and explorers use the engine's own `PagedKVCache`, so they
+# run before you have written anything. Three small cells run *your* code instead, each after the tests
+# of the exercise it needs, under a heading that starts with **With your code** ("your fork, step by
+# step" and "your cache draws the same samples" need Exercise 4.1, "your formula" needs Exercise 4.2).
+# Until that exercise is done they stop with `NotImplementedError`, which is expected; no other cell
+# needs your code.
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_setup", "locked": true, "schema_version": 3, "solution": false}
 import math
@@ -51,6 +58,8 @@ from engine.config import ModelConfig
 from engine.course.widgets import explorer
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams, sample
+
+from engine.cache.paged import PagedKVCache as ReferenceCache   # the engine's, for figures and explorers
 
 # The names engine/cache/paged.py imports, which the cache included below uses.
 from engine.cache.paged import (ATTENTION_PATHS, BlockAllocator, OutOfBlocks, SwappedSequence,  # noqa: F401
@@ -179,10 +188,11 @@ ch04.check_fork_then_diverge(PagedKVCache, block_size=3, seed=1)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_walk_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 4.4 Watching a fork
 #
-# The cell below replays the chapter's running example with your cache: a 40-token prompt in blocks of
-# 16, forked four ways, then each fork writes one token. It prints the tables and reference counts at
-# each stage and checks each fork against a from-scratch run; the figure shows the final tables, with
-# shared blocks in orange and private blocks in blue.
+# The cell below replays the chapter's running example with the engine's cache: a 40-token prompt in
+# blocks of 16, forked four ways, then each fork writes one token. It prints the tables and reference
+# counts at each stage and checks each fork against a from-scratch run; the figure shows the final
+# tables, with shared blocks in orange and private blocks in blue. It runs before you have written
+# anything; the cell after it replays the same example with your cache.
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_walk", "locked": true, "schema_version": 3, "solution": false}
 def describe(cache, seqs):
@@ -210,29 +220,53 @@ def draw_tables(cache, seqs, title):
     plt.show()
 
 
-cache = PagedKVCache(model.config, num_blocks=32, block_size=16)
-prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0)).tolist()
-cache.create(0)
-cached_step(model, cache, [0], [prompt])
-print("after the 40-token prefill:")
-describe(cache, [0])
-children = [1, 2, 3, 4]
-for child in children:
-    cache.fork(0, child)
-print("after 4 forks:")
-describe(cache, [0] + children)
-firsts = [[100 + c] for c in children]
-got = cached_step(model, cache, children, firsts)
-print("after each fork writes one token:")
-describe(cache, [0] + children)
-want = scratch_logits(model, [prompt + t for t in firsts])
-print("max |Δ| vs from scratch per fork:", [f"{float((g - w[-1:]).abs().max()):.1e}" for g, w in zip(got, want)])
+def sharing(cache, seqs):
+    """What sharing looks like, whatever the block ids: each table's refcounts, and the blocks in use."""
+    return [[cache.allocator.refcount(b) for b in cache.tables[seq]] for seq in seqs], cache.blocks_in_use
 
-counts = ch04.fork_block_counts(PagedKVCache)
-print(f"\nsummary: {counts['parent_blocks']} parent blocks, {counts['new_blocks_after_forks']} new after forking, "
-      f"{counts['new_blocks_after_each_fork_writes_a_token']} new after each fork writes a token "
-      f"({counts['blocks_for_independent_copies']} for four independent copies of the prompt)")
+
+children = [1, 2, 3, 4]
+prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+firsts = [[100 + c] for c in children]
+
+
+def fork_walk(cache_class):
+    """The running example through a cache of `cache_class`: prefill, 4 forks, one token per fork."""
+    cache = cache_class(model.config, num_blocks=32, block_size=16)
+    cache.create(0)
+    cached_step(model, cache, [0], [prompt])
+    print("after the 40-token prefill:")
+    describe(cache, [0])
+    for child in children:
+        cache.fork(0, child)
+    print("after 4 forks:")
+    describe(cache, [0] + children)
+    got = cached_step(model, cache, children, firsts)
+    print("after each fork writes one token:")
+    describe(cache, [0] + children)
+    want = scratch_logits(model, [prompt + t for t in firsts])
+    print("max |Δ| vs from scratch per fork:", [f"{float((g - w[-1:]).abs().max()):.1e}" for g, w in zip(got, want)])
+    counts = ch04.fork_block_counts(cache_class)
+    print(f"summary: {counts['parent_blocks']} parent blocks, {counts['new_blocks_after_forks']} new after forking, "
+          f"{counts['new_blocks_after_each_fork_writes_a_token']} new after each fork writes a token "
+          f"({counts['blocks_for_independent_copies']} for four independent copies of the prompt)")
+    return cache
+
+
+cache = fork_walk(ReferenceCache)
 draw_tables(cache, [0] + children, "physical blocks per table: orange = shared, blue = private")
+engine_sharing = sharing(cache, [0] + children)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_yours_walk_md", "locked": true, "schema_version": 3, "solution": false}
+# **With your code: your fork, step by step.** This cell needs your `fork` and `copy_on_write`
+# (Exercise 4.1); until you have written them, it stops with `NotImplementedError`. It replays the same
+# example with your `PagedKVCache` and compares the sharing (each table's reference counts and the
+# blocks in use) with the engine's. The block ids themselves may differ if your copy-on-write takes
+# blocks in another order; that is allowed.
+
+# %% nbgrader={"grade": false, "grade_id": "ch04_yours_walk", "locked": true, "schema_version": 3, "solution": false}
+your_cache = fork_walk(PagedKVCache)
+print("the same sharing as the engine's cache:", sharing(your_cache, [0] + children) == engine_sharing)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_ex_count_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 4.2 — counting shared blocks (2 points)
@@ -258,15 +292,18 @@ def shared_blocks(prompt_len, n, generated, block_size):
 ch04.check_shared_blocks(shared_blocks)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_plot_md", "locked": true, "schema_version": 3, "solution": false}
-# With your formula we can see the whole curve. The figure follows 4 samples of the 40-token prompt as
-# they generate up to 100 tokens each: the shared line jumps once at the first token (the partial
-# block is copied for each sample), then both lines climb by $n$ blocks every 16 tokens, and the gap
-# between them, the prompt's full blocks stored once instead of $n$ times, stays constant.
+# The engine's cache can show the whole curve. The figure follows 4 samples of the 40-token prompt as
+# they generate up to 100 tokens each, counting the blocks a real `PagedKVCache` holds at every step
+# (`ch04.simulate_forks`, the bookkeeping the check compares your formula with): the shared line jumps
+# once at the first token (the partial block is copied for each sample), then both lines climb by $n$
+# blocks every 16 tokens, and the gap between them, the prompt's full blocks stored once instead of $n$
+# times, stays constant. It runs before you have written `shared_blocks`; the cell after it compares
+# your formula with this curve.
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_plot", "locked": true, "schema_version": 3, "solution": false}
 L, n, b = 40, 4, 16
 steps = list(range(0, 101))
-with_sharing = [shared_blocks(L, n, g, b) for g in steps]
+with_sharing = [ch04.simulate_forks(L, n, g, b).blocks_in_use for g in steps]
 without = [n * blocks_needed(L + g, b) for g in steps]
 print(f"after 1 token: {with_sharing[1]} blocks shared vs {without[1]} unshared; "
       f"after 100 tokens: {with_sharing[100]} vs {without[100]} (gap {without[100] - with_sharing[100]} blocks "
@@ -280,6 +317,17 @@ ax.set_title(f"{n} samples of a {L}-token prompt")
 ax.legend()
 fig.tight_layout()
 plt.show()
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_yours_count_md", "locked": true, "schema_version": 3, "solution": false}
+# **With your code: your formula.** This cell needs your `shared_blocks` (Exercise 4.2); until you have
+# written it, it stops with `NotImplementedError`. It evaluates your formula at every point of the
+# curve above and lists the points where it disagrees with the engine's cache (none, once it is right).
+
+# %% nbgrader={"grade": false, "grade_id": "ch04_yours_count", "locked": true, "schema_version": 3, "solution": false}
+yours = [shared_blocks(L, n, g, b) for g in steps]
+wrong = [(g, yours[g], with_sharing[g]) for g in steps if yours[g] != with_sharing[g]]
+print(f"your shared_blocks agrees with the engine's cache at {len(steps) - len(wrong)} of {len(steps)} points"
+      + (f"; first disagreements (generated, yours, engine): {wrong[:3]}" if wrong else ""))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_explorer_md", "locked": true, "schema_version": 3, "solution": false}
 # ### A fork explorer
@@ -312,8 +360,9 @@ explorer(explore_fork, prompt_len=(1, 96, 40), samples=(1, 8, 4), generated=(0, 
 # Parallel sampling ($n > 1$ in vLLM's API) is the easy customer of fork: prefill the prompt once,
 # fork it $n - 1$ times, then give each sample its own random generator and let all $n$ decode in one
 # batch. The samples never merge again, so no table surgery is needed beyond what `reserve` does.
-# The cell draws 4 samples with seeds 0 to 3 through your cache, then recomputes each sample from
-# scratch and compares logits at every step.
+# The cell draws 4 samples with seeds 0 to 3 through the engine's cache, then recomputes each sample
+# from scratch and compares logits at every step. It runs before you have written anything; the graded
+# test after it, and the cell after that, put your cache in its place.
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_sampling", "locked": true, "schema_version": 3, "solution": false}
 def sample_n(cache, prompt, seeds, steps, temperature=1.0):
@@ -338,20 +387,31 @@ def sample_n(cache, prompt, seeds, steps, temperature=1.0):
     return outputs, history
 
 
-sampling_cache = PagedKVCache(model.config, num_blocks=32, block_size=4)
-prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(6)).tolist()
-outputs, history = sample_n(sampling_cache, prompt, seeds=[0, 1, 2, 3], steps=8)
-fresh = scratch_logits(model, [prompt + out for out in outputs])
+sampling_prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(6)).tolist()
+sampling_cache = ReferenceCache(model.config, num_blocks=32, block_size=4)
+outputs, history = sample_n(sampling_cache, sampling_prompt, seeds=[0, 1, 2, 3], steps=8)
+fresh = scratch_logits(model, [sampling_prompt + out for out in outputs])
 for s, out in enumerate(outputs):
-    diff = (torch.stack(history[s]) - fresh[s][len(prompt) - 1:]).abs().max()
+    diff = (torch.stack(history[s]) - fresh[s][len(sampling_prompt) - 1:]).abs().max()
     print(f"sample {s} (seed {s}): {out}  max |Δ| vs from scratch over all steps {float(diff):.1e}")
 first = sampling_cache.tables[0][0]
 print(f"blocks in use: {sampling_cache.blocks_in_use} (4 unshared copies would need "
-      f"{4 * blocks_needed(len(prompt) + 8, 4)}); the prompt's first block {first} has refcount "
+      f"{4 * blocks_needed(len(sampling_prompt) + 8, 4)}); the prompt's first block {first} has refcount "
       f"{sampling_cache.allocator.refcount(first)}")
 
 # %% nbgrader={"grade": true, "grade_id": "ch04_test_parallel_sampling", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 ch04.check_parallel_sampling(PagedKVCache)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_yours_sampling_md", "locked": true, "schema_version": 3, "solution": false}
+# **With your code: your cache draws the same samples.** This cell needs your `fork` and
+# `copy_on_write` (Exercise 4.1); until you have written them, it stops with `NotImplementedError`. It
+# draws the same 4 samples through your `PagedKVCache`: with the same seeds and the same logits, every
+# sample must pick exactly the engine's tokens.
+
+# %% nbgrader={"grade": false, "grade_id": "ch04_yours_sampling", "locked": true, "schema_version": 3, "solution": false}
+your_outputs, _ = sample_n(PagedKVCache(model.config, num_blocks=32, block_size=4), sampling_prompt,
+                           seeds=[0, 1, 2, 3], steps=8)
+print("your cache draws the engine's samples:", your_outputs == outputs)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_beam_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 4.6 Beam search
@@ -360,8 +420,9 @@ ch04.check_parallel_sampling(PagedKVCache)
 # survivor may be the child of any current beam, several survivors may share a parent, and some
 # parents have no surviving child. With a paged cache each step is pure table work:
 #
-# 1. for each surviving (parent, token) pair, `fork(parent, new_id)`; a parent with no survivor is
-#    `free`d, which drops one reference from each of its blocks;
+# 1. for each surviving (parent, token) pair: the parent's first survivor keeps the parent's sequence,
+#    every further one is a `fork(parent, new_id)`; a parent with no survivor is `free`d, which drops
+#    one reference from each of its blocks;
 # 2. `reserve` the next token for every survivor. Siblings that share a partial block copy it on this
 #    write (the last one to write finds it private and writes in place);
 # 3. run one batched forward step over the survivors.
@@ -421,11 +482,17 @@ ch04.check_parallel_sampling(PagedKVCache)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_stretch", "locked": true, "schema_version": 3, "solution": false}
 # ## 4.8 Stretch exercises (ungraded)
 #
-# ★★ **Beam search.** Write `beam_search(model, cache, prompt, width, steps)` with the recipe of
-# section 4.6: score hypotheses by summed log-probabilities, fork survivors, free the losers. Verify it
-# the way the checks do: after every step, each live beam's last logits must match
-# `scratch_logits(model, [beam_tokens])`. Then track `cache.blocks_in_use` per step and compare it with
-# `width` independent caches. How often does copy-on-write fire per step, and on which blocks?
+# ★★ **Beam search.** Write `beam_search(model, cache, prompt, width, max_tokens)` with the recipe of
+# section 4.6: score hypotheses by summed log-probabilities, fork survivors, free the losers, and stop
+# after `max_tokens` generated tokens. Verify it the way the checks do: after every step, each live
+# beam's last logits must match `scratch_logits(model, [prompt + beam_tokens])`. Then track
+# `cache.blocks_in_use` per step and compare its peak with `width` independent caches. How often does
+# copy-on-write fire per step, and on which blocks? The engine's version, to compare with once you have
+# tried, is `engine.serve.beam.beam_search(model, cache, prompt, width, max_tokens, first_seq_id=0)`:
+# it takes sequence ids from `first_seq_id` on, breaks ties by beam order then token id, frees every
+# sequence it created before it returns, and returns a `BeamResult` with `beams` (best first, each a
+# `Beam` with `seq_id`, `tokens` and `score`), `peak_blocks` (blocks in use at the worst step) and
+# `unshared_blocks` (what `width` private copies of the longest hypothesis would take).
 #
 # ★★ **n-way sampling in the batching engine.** In chapter 7 (coming), continuous batching admits
 # requests one by one. Extend it so that a request with `n > 1` is prefilled once and forked `n - 1`
