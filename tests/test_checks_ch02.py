@@ -6,6 +6,7 @@ from engine.cache import slots
 from engine.cache.allocator import BlockAllocator
 from engine.cache.errors import OutOfBlocks
 from engine.checks import CheckFailed, ch02
+from fixtures.check_support import fails
 
 SLOT_CHECKS = [
     (ch02.check_physical_slot, slots.physical_slot),
@@ -19,13 +20,6 @@ ALLOCATOR_CHECKS = [
     ch02.check_refcounts_balance,
     ch02.check_allocator_in_engine,
 ]
-
-
-def fails(check, obj) -> str:
-    """Run a check that must fail; return its message."""
-    with pytest.raises(CheckFailed) as info:
-        check(obj)
-    return str(info.value)
 
 
 # ---- the reference passes -------------------------------------------------------------------------

@@ -3,7 +3,8 @@ copy-on-write bugs with a message that says what went wrong."""
 import pytest
 
 from engine.cache.paged import PagedKVCache
-from engine.checks import CheckFailed, ch04
+from engine.checks import ch04
+from fixtures.check_support import fails
 
 CHECKS = [
     ch04.check_fork_shares,
@@ -12,12 +13,6 @@ CHECKS = [
     ch04.check_fork_then_diverge,
     ch04.check_parallel_sampling,
 ]
-
-
-def fails(check, cls) -> str:
-    with pytest.raises(CheckFailed) as info:
-        check(cls)
-    return str(info.value)
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
