@@ -85,11 +85,15 @@ def test_request_larger_than_the_pool_is_rejected_and_harms_nothing(tiny):
     assert_no_leak(engine)
 
 
-def test_abort_anywhere_and_a_failed_step_leak_nothing(tiny):
-    batch = prompts(count=5, seed=7)
+def crowded_engine(tiny):
+    """Five prompts on a 12-block pool: some run, some wait, and long ones get swapped out."""
     cache = PagedKVCache(tiny.config, num_blocks=12, block_size=4)
     engine = Engine(tiny, cache, SchedulerConfig(max_batched_tokens=32, margin_blocks=1, swap_min_tokens=8))
-    requests = [engine.add_request(p, GREEDY) for p in batch]
+    return engine, [engine.add_request(p, GREEDY) for p in prompts(count=5, seed=7)]
+
+
+def test_abort_anywhere_and_a_failed_step_leak_nothing(tiny):
+    engine, requests = crowded_engine(tiny)
     for _ in range(6):
         engine.step()
     states = {r.request_id: r.sequences[0].status for r in requests}
@@ -115,10 +119,8 @@ def test_abort_anywhere_and_a_failed_step_leak_nothing(tiny):
 
 
 def test_abort_a_swapped_out_request(tiny):
-    batch = prompts(count=5, seed=7)
-    cache = PagedKVCache(tiny.config, num_blocks=12, block_size=4)
-    engine = Engine(tiny, cache, SchedulerConfig(max_batched_tokens=32, margin_blocks=1, swap_min_tokens=8))
-    requests = [engine.add_request(p, GREEDY) for p in batch]
+    engine, requests = crowded_engine(tiny)
+    cache = engine.scheduler.cache
     for _ in range(40):
         engine.step()
         swapped = [r for r in requests if r.sequences and r.sequences[0].status is Status.SWAPPED]
