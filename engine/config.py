@@ -36,9 +36,8 @@ class ModelConfig:
                              f"num_key_value_heads {self.num_kv_heads}")
 
     def kv_bytes_per_token(self, dtype: torch.dtype = torch.float16) -> int:
-        """Bytes of KV cache one token costs: K and V, in every layer, for every KV head."""
-        bytes_per_value = torch.empty((), dtype=dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
+        """Bytes of KV cache one token costs in `dtype` (see the function kv_bytes_per_token)."""
+        return kv_bytes_per_token(self, torch.empty((), dtype=dtype).element_size())
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
@@ -101,6 +100,11 @@ class ModelConfig:
             "attention_bias": False,
             "torch_dtype": "float32",
         }
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int = 2) -> int:
+    """Bytes of KV cache one token costs: K and V, in every layer, for every KV head."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes
 
 
 CONFIGS = Path(__file__).parent / "configs"
