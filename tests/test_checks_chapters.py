@@ -1,16 +1,27 @@
 """Each chapter's test cells call checks that exist, and every check of a chapter's module is graded."""
+import importlib
+import pkgutil
 import re
 
 import pytest
 
 from engine import checks
-from engine.checks import ch02, ch04
 from engine.course import cells
 from engine.course.paths import chapter_files
 from engine.course.source import load_chapter
 
 
-@pytest.mark.parametrize("module", [ch02, ch04], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+CHAPTER_MODULES = [importlib.import_module(f"engine.checks.{info.name}")
+                   for info in sorted(pkgutil.iter_modules(checks.__path__), key=lambda i: i.name)
+                   if re.fullmatch(r"ch\d\d", info.name)]
+
+
+def test_every_chapter_has_a_checks_module():
+    chapters = {path.stem[:4] for path in chapter_files()}
+    assert chapters == {m.__name__.rsplit(".", 1)[-1] for m in CHAPTER_MODULES}
+
+
+@pytest.mark.parametrize("module", CHAPTER_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_the_chapter_grades_every_check_and_only_checks(module):
     prefix = module.__name__.rsplit(".", 1)[-1]
     [chapter] = [path for path in chapter_files() if path.stem.startswith(prefix + "_")]

@@ -99,6 +99,40 @@ def test_include_keeps_decorators_and_class_without_solve_is_shown_as_is(root):
     assert BEGIN not in plain and plain.startswith("class Pool:") and plain.endswith("self.n += 1")
 
 
+def test_selected_methods_become_a_subclass_of_the_engine_class(root):
+    source = expand_cell("#| include pkg/mod.py::Pool.give,take solve=take\nPool(2).take()", root)
+    assert source == textwrap.dedent(f'''\
+        import pkg.mod
+
+
+        class Pool(pkg.mod.Pool):
+            """The engine's Pool, with give and take written here."""
+
+            def give(self):
+                self.n += 1
+
+            def take(self):
+                """Take one."""
+                {BEGIN}
+                if self.n == 0:
+                    raise ValueError("empty")
+                self.n -= 1
+                return self.n
+                {END}
+
+        Pool(2).take()''')
+
+
+def test_a_selected_subclass_runs_twice_to_the_same_class(root, monkeypatch):
+    monkeypatch.syspath_prepend(str(root))
+    source = expand_cell("#| include pkg/mod.py::Pool.take", root)
+    namespace: dict = {}
+    exec(source, namespace)
+    first = namespace["Pool"]
+    exec(source, namespace)
+    assert namespace["Pool"].__mro__[1] is first.__mro__[1] and namespace["Pool"](1).take() == 0
+
+
 def test_cells_without_a_directive_are_unchanged(root):
     assert expand_cell("x = 1\n#| include pkg/mod.py::helper", root) == "x = 1\n#| include pkg/mod.py::helper"
 
@@ -110,6 +144,9 @@ def test_cells_without_a_directive_are_unchanged(root):
     ("#| include pkg/mod.py::helper solve=x", "solve= names methods of a class"),
     ("#| include pkg/mod.py::only_docstring", "has only a docstring: nothing to solve"),
     ("#| include pkg/mod.py helper", "malformed include directive"),
+    ("#| include pkg/mod.py::Pool.take,pour", "no method 'pour' in class Pool"),
+    ("#| include pkg/mod.py::helper.x", "selects methods of a class, and helper is a function"),
+    ("#| include pkg/mod.py::Pool.take solve=give", "solve= names give, which the cell does not include"),
 ])
 def test_bad_includes_say_what_is_wrong(root, directive, message):
     with pytest.raises(IncludeError, match=message.replace("(", r"\(").replace(")", r"\)")):

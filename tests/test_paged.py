@@ -8,7 +8,7 @@ import torch
 from engine.cache.allocator import BlockAllocator
 from engine.cache.errors import OutOfBlocks
 from engine.cache.paged import PagedKVCache
-from engine.demos import seeded_tokens
+from engine.seeded import seeded_tokens
 from engine.generate import cached_step, scratch_logits
 
 ATOL = 1e-5

@@ -5,7 +5,7 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
-from engine.demos import seeded_tokens
+from engine.seeded import seeded_tokens
 from engine.generate import cached_step, scratch_logits
 
 ATOL = 1e-5

@@ -14,7 +14,7 @@ import torch
 
 from engine.cache.errors import BlockRefError, OutOfBlocks
 from engine.checks import ATOL, check, compare_logits, expect_equal, expect_raises, fail, passed, tiny
-from engine.demos import seeded_tokens
+from engine.seeded import seeded_tokens
 
 # Block sizes and lengths where slot math goes wrong: one short of a block, a full block, one past.
 BLOCK_SIZES = (1, 2, 4, 16)

@@ -12,7 +12,7 @@ import random
 import torch
 
 from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, tiny
-from engine.demos import seeded_tokens
+from engine.seeded import seeded_tokens
 
 CORRUPTION_HINT = ("did the write land in a block another sequence still uses? A shared block "
                    "(refcount > 1) must be copied before it is written")

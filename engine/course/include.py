@@ -2,12 +2,27 @@
 
     #| include engine/cache/allocator.py::BlockAllocator solve=allocate,share,release
     #| include engine/cache/slots.py::slot_index
+    #| include engine/cache/paged.py::PagedKVCache.fork,copy_on_write solve=fork,copy_on_write
 
 The directive, the first line of a cell, is replaced by the exact source of the named top-level class or
 function (found by `ast` line numbers, decorators included). Each method named in `solve=` (for a function:
 its whole body, `solve=` omitted) has its body after the docstring wrapped in `### BEGIN SOLUTION` /
 `### END SOLUTION`, so nbgrader turns it into a stub for the learner. Lines after the directive stay,
 after the included code.
+
+`Class.a,b` selects methods: the cell becomes a subclass of the engine's class, under the same name,
+that defines only `a` and `b` (their exact source), so an exercise cell holds just what the chapter
+teaches and every other method is the engine's:
+
+    import engine.cache.paged
+
+
+    class PagedKVCache(engine.cache.paged.PagedKVCache):
+        (a one-line docstring)
+
+        def fork(self, parent, child): ...
+
+The base is named through its module, so running the cell twice gives the same class.
 """
 from __future__ import annotations
 
@@ -16,7 +31,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-DIRECTIVE = re.compile(r"^#\|\s*include\s+(?P<path>[^\s:]+)::(?P<name>[A-Za-z_]\w*)(?:\s+solve=(?P<solve>\S+))?\s*$")
+DIRECTIVE = re.compile(r"^#\|\s*include\s+(?P<path>[^\s:]+)::(?P<name>[A-Za-z_]\w*)"
+                       r"(?:\.(?P<methods>[A-Za-z_]\w*(?:,[A-Za-z_]\w*)*))?(?:\s+solve=(?P<solve>\S+))?\s*$")
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
 
@@ -31,6 +47,7 @@ class Include:
     path: str
     name: str
     solve: tuple[str, ...] | None  # None: solve= omitted
+    methods: tuple[str, ...] | None = None  # Class.a,b: a subclass defining only these
 
 
 def parse_directive(line: str) -> Include | None:
@@ -40,10 +57,11 @@ def parse_directive(line: str) -> Include | None:
     match = DIRECTIVE.match(line.strip())
     if not match:
         raise IncludeError(f"malformed include directive {line.strip()!r}; "
-                           "expected '#| include path/to/module.py::Name [solve=a,b]'")
+                           "expected '#| include path/to/module.py::Name[.method,method] [solve=a,b]'")
     solve = match["solve"]
     names = tuple(name for name in solve.split(",") if name) if solve else None
-    return Include(match["path"], match["name"], names)
+    methods = tuple(match["methods"].split(",")) if match["methods"] else None
+    return Include(match["path"], match["name"], names, methods)
 
 
 def expand_cell(source: str, root: Path) -> str:
@@ -65,8 +83,15 @@ def included_source(include: Include, root: Path) -> str:
     text = module_path.read_text()
     lines = text.splitlines()
     node = _top_level(ast.parse(text, filename=str(module_path)), include, module_path)
-    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
     regions = [_body_region(fn, lines) for fn in _functions_to_solve(node, include)]
+    if include.methods:
+        return _subclass_source(include, node, lines, regions)
+    return "\n".join(_marked_lines(node, lines, regions))
+
+
+def _marked_lines(node: ast.AST, lines: list[str], regions: list[tuple[int, int, str]]) -> list[str]:
+    """A definition's source lines (decorators included) with solution markers around the regions."""
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
     out: list[str] = []
     for number in range(start, node.end_lineno + 1):  # 1-based line numbers, as ast gives them
         for first, _, indent in regions:
@@ -76,7 +101,36 @@ def included_source(include: Include, root: Path) -> str:
         for _, last, indent in regions:
             if number == last:
                 out.append(f"{indent}{END}")
+    return out
+
+
+def _subclass_source(include: Include, node: ast.ClassDef, lines: list[str],
+                     regions: list[tuple[int, int, str]]) -> str:
+    """`class Name(module.Name):` defining only the selected methods, in the order they are named."""
+    module = include.path.removesuffix(".py").replace("/", ".")
+    methods = _methods(node, include, include.methods)
+    named = " and ".join(", ".join(include.methods).rsplit(", ", 1))
+    out = [f"import {module}", "", "",
+           f"class {include.name}({module}.{include.name}):",
+           f'    """The engine\'s {include.name}, with {named} written here."""']
+    for name in include.methods:
+        out.append("")
+        out.extend(_marked_lines(methods[name], lines, regions))
     return "\n".join(out)
+
+
+def _methods(node: ast.AST, include: Include, names: tuple[str, ...]) -> dict[str, ast.AST]:
+    """The class's methods called `names`, by name; an error names the ones missing."""
+    if not isinstance(node, ast.ClassDef):
+        raise IncludeError(f"include {include.path}::{include.name}: .method selects methods of a class, "
+                           f"and {include.name} is a function")
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    methods = {item.name: item for item in node.body if isinstance(item, functions)}
+    unknown = [name for name in names if name not in methods]
+    if unknown:
+        raise IncludeError(f"include {include.path}::{include.name}: no method {', '.join(map(repr, unknown))} "
+                           f"in class {include.name}; it has: {', '.join(methods) or 'none'}")
+    return methods
 
 
 def _top_level(tree: ast.Module, include: Include, module_path: Path) -> ast.AST:
@@ -102,11 +156,11 @@ def _functions_to_solve(node: ast.AST, include: Include) -> list[ast.AST]:
         return [node]
     if not include.solve:
         return []
-    methods = {item.name: item for item in node.body if isinstance(item, functions)}
-    unknown = [name for name in include.solve if name not in methods]
-    if unknown:
-        raise IncludeError(f"include {include.path}::{include.name}: no method {', '.join(map(repr, unknown))} "
-                           f"in class {include.name}; it has: {', '.join(methods) or 'none'}")
+    if include.methods and set(include.solve) - set(include.methods):
+        extra = sorted(set(include.solve) - set(include.methods))
+        raise IncludeError(f"include {include.path}::{include.name}: solve= names {', '.join(extra)}, "
+                           f"which the cell does not include (it selects {', '.join(include.methods)})")
+    methods = _methods(node, include, include.solve)
     return [methods[name] for name in include.solve]
 
 

@@ -16,12 +16,6 @@ def emit(result: dict) -> dict:
     return result
 
 
-def seeded_tokens(count: int, seed: int, vocab: int = 256) -> list[int]:
-    """count token ids drawn from a seeded generator: the same prompt on every machine."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (count,), generator=generator).tolist()
-
-
 def max_abs_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     """The largest absolute difference between matching logits tensors."""
     return max(float((g - w).abs().max()) for g, w in zip(got, want))

@@ -12,7 +12,8 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.cache.slots import blocks_needed
 from engine.checkpoint import tiny_model
-from engine.demos import emit, max_abs_diff, seeded_tokens
+from engine.demos import emit, max_abs_diff
+from engine.seeded import seeded_tokens
 from engine.generate import cached_step, scratch_logits
 
 
