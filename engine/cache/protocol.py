@@ -2,9 +2,15 @@
 
 Every cache in the course (static slots, the paged cache, a learner's own) implements it, so the model
 runs on any of them unchanged. Shapes are those of engine/README.md.
+
+A scheduler needs more than the model does: how big a sequence may grow, whether memory comes in
+blocks it can count, fork, swap or evict. Those abilities are protocols of their own below
+(`PagedCache`, `SwappableCache`, `UpFrontCache`, `SlotCache`), and `capabilities(cache)` reads them
+once, so the scheduler asks `caps.paged` instead of probing attributes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
@@ -40,6 +46,87 @@ class KVCache(Protocol):
 
     def length(self, seq: int) -> int:
         """Number of tokens stored for `seq`."""
+
+
+class BlockPool(Protocol):
+    """What a scheduler reads of a block allocator: the pool's size and how many blocks are free."""
+
+    num_blocks: int
+    num_free: int
+
+
+@runtime_checkable
+class PagedCache(KVCache, Protocol):
+    """A cache over one pool of fixed-size blocks (engine/cache/paged.py): countable, forkable, shareable."""
+
+    block_size: int
+    allocator: BlockPool
+    tables: dict[int, list[int]]
+
+    def blocks_wanted(self, seq: int, num_new: int) -> int:
+        """Free blocks reserve(seq, num_new) would take (new blocks plus copies of shared ones)."""
+
+    def fork(self, parent: int, child: int) -> None:
+        """Start `child` as an alias of every block of `parent`; nothing is copied."""
+
+
+@runtime_checkable
+class SwappableCache(Protocol):
+    """A cache that can move a sequence's K/V to host memory and back (preemption by swap)."""
+
+    def swap_out(self, seq: int) -> int:
+        """Copy seq's K/V to the host and free its device memory; returns blocks moved."""
+
+    def swap_in(self, seq: int) -> int:
+        """Bring seq back (maybe into other blocks), or raise a MemoryError and change nothing."""
+
+
+@runtime_checkable
+class UpFrontCache(KVCache, Protocol):
+    """A contiguous cache that reserves a sequence's whole region at create (engine/serve/contiguous.py)."""
+
+    reserves_up_front: bool
+    max_request_tokens: int
+
+    def create(self, seq: int, max_length: int | None = None) -> None:
+        """Reserve a region for a sequence that will reach `max_length` tokens."""
+
+
+@runtime_checkable
+class SlotCache(KVCache, Protocol):
+    """Fixed slots of `capacity` positions each (engine/cache/static.py)."""
+
+    capacity: int
+    max_seqs: int
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a scheduler may ask of one cache, read once from the protocols it implements."""
+
+    paged: bool                 # PagedCache: block arithmetic, prefix caching, fork
+    swappable: bool             # SwappableCache: preemption by swap
+    up_front: bool              # UpFrontCache: create() needs the final length
+    max_request_tokens: int     # the most KV positions one sequence can ever get
+
+
+def capabilities(cache) -> Capabilities:
+    """Read what `cache` can do from the protocols it implements; a TypeError names what is missing."""
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"{type(cache).__name__} does not implement the cache protocol (KVCache): "
+                        "it needs create, reserve, set_batch, update, free and length")
+    paged = isinstance(cache, PagedCache)
+    up_front = not paged and isinstance(cache, UpFrontCache) and bool(cache.reserves_up_front)
+    if paged:
+        most = cache.allocator.num_blocks * cache.block_size
+    elif up_front:
+        most = cache.max_request_tokens
+    elif isinstance(cache, SlotCache):
+        most = cache.capacity
+    else:
+        raise TypeError(f"{type(cache).__name__} says nothing about its size: implement PagedCache, "
+                        "UpFrontCache or SlotCache (engine/cache/protocol.py)")
+    return Capabilities(paged, isinstance(cache, SwappableCache), up_front, most)
 
 
 def new_lengths(positions: torch.Tensor, old_lengths: Sequence[int]) -> list[int]:

@@ -15,11 +15,20 @@ from typing import Iterable
 
 import torch
 
+from engine.cache.protocol import PagedCache
+from engine.errors import InputError
 from engine.generate import model_device, pack
+from engine.model import check_prompt_ids
 from engine.sampling import SamplingParams, sample
 from engine.serve.metrics import Metrics
 from engine.serve.request import Request, Sequence, Status, make_generator
 from engine.serve.scheduler import Chunk, Scheduler, SchedulerConfig
+
+
+class UnknownRequest(InputError, KeyError):
+    """A request id the engine never saw."""
+
+    __str__ = Exception.__str__
 
 
 class ModelRunner:
@@ -51,13 +60,14 @@ class Engine:
                  runner=None, eos_token_id: int | None = None, keep_logits: bool = False):
         """Prefix caching needs a paged cache (it shares blocks); it is skipped for slot caches."""
         prefix = None
-        if prefix_caching and hasattr(cache, "allocator"):
+        if prefix_caching and isinstance(cache, PagedCache):
             from engine.cache.prefix import PrefixCache
             prefix = PrefixCache(cache)
         self.cache, self.scheduler = cache, Scheduler(cache, config, prefix)
         self.runner = runner or ModelRunner(model, cache)
         model_eos = getattr(getattr(model, "config", None), "eos_token_id", None)
         self.eos = eos_token_id if eos_token_id is not None else model_eos
+        self.vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)  # None: a modelled run
         self.keep_logits = keep_logits
         self.requests: dict[int, Request] = {}
         self.metrics = Metrics()
@@ -77,6 +87,8 @@ class Engine:
         if not prompt or n < 1 or request_id in self.requests:
             raise ValueError(f"request {request_id}: need a non-empty prompt, n >= 1 and a new id "
                              f"(got {len(prompt)} prompt tokens, n={n})")
+        if self.vocab_size is not None:
+            check_prompt_ids(list(prompt), self.vocab_size, f"request {request_id}")
         self.scheduler.check_fits(request_id, len(prompt), params.max_tokens)
         seed = seed if seed is not None else (params.seed if params.seed is not None else 0)
         request = Request(request_id, list(prompt), params, seed, n, arrival=self.now)
@@ -90,6 +102,10 @@ class Engine:
 
     def abort(self, request_id: int) -> None:
         """Stop a request wherever it is; its blocks are freed at once."""
+        if request_id not in self.requests:
+            known = sorted(self.requests)
+            listed = ", ".join(map(str, known[:10])) + (", ..." if len(known) > 10 else "")
+            raise UnknownRequest(f"abort: no request {request_id} (known ids: {listed or 'none'})")
         for seq in self.requests[request_id].sequences:
             if seq.status is not Status.FINISHED:
                 self.scheduler.finish(seq, "aborted")
@@ -134,12 +150,7 @@ class Engine:
         request = seq.request
         family = [seq]
         if not seq.forked:                             # prompt done: one prefill, n samples
-            for index in range(1, request.n):
-                child = Sequence(next(self._seq_ids), request, list(seq.tokens),
-                                 make_generator(request.seed + index), sample_index=index)
-                request.sequences.append(child)
-                self.scheduler.fork(seq, child)
-                family.append(child)
+            family += self.scheduler.fork_samples(seq, self._seq_ids)
         done = []
         for member in family:
             greedy = request.params.temperature == 0

@@ -5,17 +5,21 @@ KV budget bounds memory: every token scheduled must have room reserved in the ca
 compute. When a reservation fails the scheduler frees memory in order of cost: first prefix-cache
 blocks nobody uses, then the newest running sequence, preempted by swap or by recompute.
 
-The scheduler speaks the cache protocol (create / reserve / free) plus, when the cache has them,
-`allocator` (a block pool), `fork`, `swap_out` and `swap_in`. A contiguous cache that must know a
-sequence's final size up front says so with `reserves_up_front = True`; `create` then gets it.
+`schedule()` is the step loop; each decision in it is a small method a subclass may override (chapter
+7 has the learner write them): `admit` (let a waiting sequence in), `reserve_or_preempt`,
+`choose_victim` and `preempt` (make room for a running one), `resume` (swap one back in) and
+`fork_samples` (split a prefilled request into its n samples). What the cache can do (blocks, swap,
+a region fixed up front) comes from its protocols in engine/cache/protocol.py, read once.
 """
 from __future__ import annotations
 
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Iterator
 
-from engine.serve.request import RequestTooLarge, Sequence, Status
+from engine.cache.protocol import capabilities
+from engine.serve.request import RequestTooLarge, Sequence, Status, make_generator
 
 
 @dataclass
@@ -61,7 +65,7 @@ class Scheduler:
     def __init__(self, cache, config: SchedulerConfig | None = None, prefix_cache=None):
         """`cache`: any protocol cache; `prefix_cache`: a PrefixCache over it, or None."""
         self.cache, self.config, self.prefix = cache, config or SchedulerConfig(), prefix_cache
-        self.paged = hasattr(cache, "allocator")
+        self.caps = capabilities(cache)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # admission order: the last one is the newest
         self.swapped: deque[Sequence] = deque()
@@ -81,9 +85,7 @@ class Scheduler:
 
     def capacity_tokens(self) -> int:
         """The most KV positions one sequence could ever get: the whole pool (or the largest slot)."""
-        if self.paged:
-            return self.cache.allocator.num_blocks * self.cache.block_size
-        return getattr(self.cache, "max_request_tokens", getattr(self.cache, "capacity", 0))
+        return self.caps.max_request_tokens
 
     def check_fits(self, request_id: int, prompt_len: int, max_tokens: int) -> None:
         """Reject, before touching any state, a request that could not run even alone."""
@@ -94,6 +96,35 @@ class Scheduler:
         if prompt_len + max_tokens - 1 > capacity:
             raise RequestTooLarge(request_id, prompt_len + max_tokens - 1, capacity,
                                   f"a prompt of {prompt_len} plus up to {max_tokens} output tokens")
+
+    def margin(self) -> int:
+        """Free blocks to keep beyond a newcomer's prompt; none when nothing runs (it could wait forever)."""
+        if not self.running:
+            return 0
+        pool = self.cache.allocator.num_blocks
+        return max(self.config.margin_blocks, math.ceil(self.config.watermark * pool))
+
+    def make_room(self, blocks: int) -> bool:
+        """True if `blocks` blocks are free, evicting unused prefix-cache blocks first if that helps."""
+        return self.free_blocks() >= blocks or (self.evict(blocks) > 0 and self.free_blocks() >= blocks)
+
+    def evict(self, blocks_wanted: int) -> int:
+        """Free prefix-cache blocks that no sequence uses, until `blocks_wanted` are free.
+
+        One evict() call releases every block it can; if that was not enough, nothing more can be
+        evicted until some sequence lets go of a block, so later calls are skipped until then.
+        """
+        if not (self.prefix and self.caps.paged and self.evictable):
+            return 0
+        freed = self.prefix.evict(blocks_wanted)
+        self.evictable = self.free_blocks() >= blocks_wanted
+        return freed
+
+    def evict_for(self, seq: Sequence, count: int) -> int:
+        """Evict unused prefix-cache blocks until reserve(seq, count) could fit; returns blocks freed."""
+        if not self.caps.paged:
+            return 0
+        return self.evict(self.cache.blocks_wanted(seq.seq_id, count))
 
     # ---- one step ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -115,7 +146,7 @@ class Scheduler:
                 if seq.status is not Status.RUNNING:            # preempted earlier in this loop
                     continue
                 count = min(seq.num_pending, budget)
-                if not self._reserve_or_preempt(seq, count, scheduled):
+                if not self.reserve_or_preempt(seq, count, scheduled):
                     preempted = True
                     continue
                 chunks.append(Chunk(seq, seq.num_computed, count))
@@ -123,99 +154,86 @@ class Scheduler:
                 budget -= count
         # 2. Swapped sequences come back before anyone new is let in (but not in a step that preempted).
         while not preempted and self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            if not self._swap_in(self.swapped[0]):
+            seq = self.swapped[0]
+            if not self.resume(seq):
                 break
-            seq = self.swapped.popleft()
-            budget -= self._try_schedule(seq, budget, chunks)
+            self.swapped.popleft()
+            count = min(seq.num_pending, budget)
+            try:
+                self.cache.reserve(seq.seq_id, count)
+            except MemoryError:
+                continue                               # it stays running; next step will retry
+            chunks.append(Chunk(seq, seq.num_computed, count))
+            scheduled.add(seq.seq_id)
+            budget -= count
         # 3. New (or recompute-preempted) sequences, oldest first, while the prompt fits with a margin.
         while (not preempted and not self.swapped and self.waiting and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             seq = self.waiting[0]
-            if not self._admit(seq):
+            count = self.admit(seq, budget) if self.caps.paged else self.admit_slot(seq, budget)
+            if not count:
                 break
             self.waiting.popleft()
-            budget -= self._try_schedule(seq, budget, chunks)
+            self.count_prefix_hit(seq)
+            chunks.append(Chunk(seq, seq.num_computed, count))
+            scheduled.add(seq.seq_id)
+            budget -= count
         return chunks
 
-    def _try_schedule(self, seq: Sequence, budget: int, chunks: list[Chunk]) -> int:
-        """Schedule a just-admitted sequence if its first chunk can be reserved; return tokens used."""
+    # ---- admission ---------------------------------------------------------------------------
+    def admit(self, seq: Sequence, budget: int) -> int:
+        """Let waiting `seq` in if its whole prompt fits with the margin, and reserve its first chunk.
+
+        Returns the tokens reserved for this step (at most `budget`); 0 when it cannot come in now,
+        and then nothing has changed: no table, no refcount, the same queues.
+        """
+        reused = self.attach(seq)      # created in the cache; its first `reused` tokens are cached
+        # Count after attaching: shared blocks are no longer free to evict (the vLLM trap), and
+        # blocks_wanted also counts the copy of a shared last block that the first write triggers.
+        need = self.cache.blocks_wanted(seq.seq_id, len(seq.tokens) - reused) + self.margin()
+        if not self.make_room(need):
+            self.release(seq)                          # undo the attach: nothing changes
+            return 0
+        seq.num_computed = seq.cached_tokens = reused
+        count = min(seq.num_pending, budget)
+        self.cache.reserve(seq.seq_id, count)          # room before any compute
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        return count
+
+    def attach(self, seq: Sequence) -> int:
+        """Create `seq` in the cache on the longest cached prefix of its tokens; returns tokens reused."""
+        if self.prefix:
+            return self.prefix.attach(seq.seq_id, seq.tokens)
+        self.cache.create(seq.seq_id)
+        return 0
+
+    def count_prefix_hit(self, seq: Sequence) -> None:
+        """Record an admitted sequence's prefix-cache lookup."""
+        if self.prefix:
+            self.prefix_stats["queries"] += 1
+            self.prefix_stats["hits"] += seq.cached_tokens > 0
+            self.prefix_stats["tokens_saved"] += seq.cached_tokens
+
+    def admit_slot(self, seq: Sequence, budget: int) -> int:
+        """admit() for a slot or region cache: a free slot (sized up front if the cache says so) is room."""
+        try:
+            if self.caps.up_front:
+                self.cache.create(seq.seq_id, max_length=seq.max_length)
+            else:
+                self.cache.create(seq.seq_id)
+        except MemoryError:
+            return 0                                   # no free slot: wait for a sequence to finish
+        seq.num_computed = seq.cached_tokens = 0
         count = min(seq.num_pending, budget)
         try:
             self.cache.reserve(seq.seq_id, count)
         except MemoryError:
-            return 0                                   # it stays running; next step will retry
-        chunks.append(Chunk(seq, seq.num_computed, count))
-        return count
-
-    def _reserve_or_preempt(self, seq: Sequence, count: int, scheduled: set[int]) -> bool:
-        """Reserve `count` positions for a running sequence, freeing memory until it works.
-
-        Returns False when `seq` itself had to be preempted (it was the newest unscheduled one).
-        """
-        while True:
-            try:
-                self.cache.reserve(seq.seq_id, count)
-                return True
-            except MemoryError as error:
-                wanted = getattr(error, "wanted", 1)
-                if self.evict(wanted):
-                    continue
-                victims = [s for s in reversed(self.running) if s.seq_id not in scheduled]
-                if not victims:        # cannot happen: seq itself is unscheduled; keep the error
-                    raise
-                self.preempt(victims[0])
-                if victims[0] is seq:
-                    return False
-
-    # ---- admission ---------------------------------------------------------------------------
-    def _admit(self, seq: Sequence) -> bool:
-        """Create `seq` in the cache (reusing cached prefix blocks) if its whole prompt fits now."""
-        if not self.paged:
-            try:
-                if getattr(self.cache, "reserves_up_front", False):
-                    self.cache.create(seq.seq_id, max_length=seq.max_length)
-                else:
-                    self.cache.create(seq.seq_id)
-            except MemoryError:
-                return False                           # no free slot: wait for a sequence to finish
-            seq.num_computed = 0
-        else:
-            reused = self.prefix.attach(seq.seq_id, seq.tokens) if self.prefix else 0
-            if not self.prefix:
-                self.cache.create(seq.seq_id)
-            # Count after attaching: shared blocks are no longer free to evict (the vLLM trap).
-            # blocks_wanted also counts the copy of a shared last block that the first write triggers.
-            need = self.cache.blocks_wanted(seq.seq_id, len(seq.tokens) - reused) + self.margin()
-            if self.free_blocks() < need and not (self.evict(need) and self.free_blocks() >= need):
-                self.release(seq)                      # undo the attach: nothing changes
-                return False
-            seq.num_computed = seq.cached_tokens = reused
-            if self.prefix:
-                self.prefix_stats["queries"] += 1
-                self.prefix_stats["hits"] += reused > 0
-                self.prefix_stats["tokens_saved"] += reused
+            self.cache.free(seq.seq_id)
+            return 0
         seq.status = Status.RUNNING
         self.running.append(seq)
-        return True
-
-    def margin(self) -> int:
-        """Free blocks to keep beyond a newcomer's prompt; none when nothing runs (it could wait forever)."""
-        if not self.running:
-            return 0
-        pool = self.cache.allocator.num_blocks
-        return max(self.config.margin_blocks, math.ceil(self.config.watermark * pool))
-
-    def evict(self, blocks_wanted: int) -> int:
-        """Free prefix-cache blocks that no sequence uses, until `blocks_wanted` are free.
-
-        One evict() call releases every block it can; if that was not enough, nothing more can be
-        evicted until some sequence lets go of a block, so later calls are skipped until then.
-        """
-        if not (self.prefix and self.paged and self.evictable):
-            return 0
-        freed = self.prefix.evict(blocks_wanted)
-        self.evictable = self.free_blocks() >= blocks_wanted
-        return freed
+        return count
 
     def release(self, seq: Sequence, swap: bool = False) -> None:
         """Free (or swap out) a sequence's blocks; cached blocks it held may now be evictable."""
@@ -231,6 +249,28 @@ class Scheduler:
             self.prefix.remember(seq.seq_id, seq.tokens[:seq.num_computed])
 
     # ---- preemption --------------------------------------------------------------------------
+    def reserve_or_preempt(self, seq: Sequence, count: int, scheduled: set[int]) -> bool:
+        """Reserve `count` positions for running `seq`, freeing memory until that works.
+
+        Out of memory: evict unused prefix-cache blocks first; when that frees nothing, preempt
+        choose_victim(scheduled) and retry. False when the victim was `seq` itself.
+        """
+        while True:
+            try:
+                self.cache.reserve(seq.seq_id, count)
+                return True
+            except MemoryError:
+                if self.evict_for(seq, count):
+                    continue
+                victim = self.choose_victim(scheduled)
+                self.preempt(victim)
+                if victim is seq:
+                    return False
+
+    def choose_victim(self, scheduled: set[int]) -> Sequence:
+        """The running sequence to preempt: the newest one whose id is not in `scheduled`."""
+        return next(s for s in reversed(self.running) if s.seq_id not in scheduled)
+
     def preemption_mode(self, seq: Sequence) -> str:
         """Swap or recompute this victim? Swap moves its KV over PCIe twice; recompute reruns prefill.
 
@@ -238,35 +278,34 @@ class Scheduler:
         bytes, also linear in length, but is cheap per token on a fast link. Short victims recompute.
         """
         mode = self.config.preemption
-        can_swap = (hasattr(self.cache, "swap_out") and seq.num_computed > 0 and
+        can_swap = (self.caps.swappable and seq.num_computed > 0 and
                     self.swapped_tokens + seq.num_computed <= self.config.swap_space_tokens)
         if mode == "auto":
             mode = "swap" if seq.num_computed >= self.config.swap_min_tokens else "recompute"
         return "swap" if (mode == "swap" and can_swap) else "recompute"
 
     def preempt(self, seq: Sequence) -> str:
-        """Take a running sequence's KV memory back; it will resume later where it stopped."""
+        """Take a running sequence's KV memory back; it resumes later where it stopped. Returns the mode."""
         mode = self.preemption_mode(seq)
         self.running.remove(seq)
         seq.preemptions += 1
         self.preemptions[mode] += 1
         if mode == "swap":
-            self.release(seq, swap=True)
+            self.release(seq, swap=True)               # its K/V wait in host memory
             self.swapped_tokens += seq.num_computed
             seq.status = Status.SWAPPED
             self.swapped.append(seq)
         else:
             self.publish(seq)                          # its blocks may still be there when it returns
             self.release(seq)
-            seq.num_computed = 0
+            seq.num_computed = 0                       # prompt and output are prefilled again
             seq.status = Status.WAITING
             self.waiting.appendleft(seq)               # victims are newest first, so older ends in front
         return mode
 
-    def _swap_in(self, seq: Sequence) -> bool:
-        """Bring a swapped sequence back if its blocks plus the margin fit; False leaves it swapped."""
-        need = self.blocks_for(seq.num_computed + 1) + self.margin()
-        if self.free_blocks() < need and not (self.evict(need) and self.free_blocks() >= need):
+    def resume(self, seq: Sequence) -> bool:
+        """Swap `seq` back in if its blocks plus the margin fit; False leaves it swapped out."""
+        if not self.make_room(self.blocks_for(seq.num_computed + 1) + self.margin()):
             return False
         try:
             self.cache.swap_in(seq.seq_id)
@@ -277,12 +316,24 @@ class Scheduler:
         self.running.append(seq)
         return True
 
-    # ---- leaving -----------------------------------------------------------------------------
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Start `child` as an alias of `parent`'s blocks (parallel sampling); it runs next step."""
-        self.cache.fork(parent.seq_id, child.seq_id)
-        child.num_computed, child.status = parent.num_computed, Status.RUNNING
-        self.running.append(child)
+    # ---- forks and leaving -------------------------------------------------------------------
+    def fork_samples(self, seq: Sequence, new_ids: Iterator[int]) -> list[Sequence]:
+        """Split `seq`, whose prompt was just prefilled, into its request's n samples; returns the new ones.
+
+        Sample i (1..n-1) gets the id next(new_ids), a copy of the tokens, a generator seeded with
+        request.seed + i, and every block of `seq` (cache.fork); it runs from the next step on.
+        """
+        request = seq.request
+        children = []
+        for index in range(1, request.n):
+            child = Sequence(next(new_ids), request, list(seq.tokens),
+                             make_generator(request.seed + index), sample_index=index)
+            request.sequences.append(child)
+            self.cache.fork(seq.seq_id, child.seq_id)
+            child.num_computed, child.status = seq.num_computed, Status.RUNNING
+            self.running.append(child)
+            children.append(child)
+        return children
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Retire a sequence: publish its blocks to the prefix cache, then free them at once."""
