@@ -1,0 +1,478 @@
+"""Chapter 1's checks: what one token of KV cache costs, the static cache's `update`, and the
+memory a static cache reserves but never fills.
+
+`kv_bytes_per_token` is compared with the formula on the shipped configs and on synthetic shapes
+whose factors differ, so each classic mistake gives a different wrong number and can be named. The
+static cache's `update` is driven directly with K/V values that encode (sequence, position), so a
+value that lands in the wrong place says where it went; the decisive check plugs the class into the
+engine and compares every logit with a from-scratch run.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from engine.checks import ATOL, CheckFailed, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.config import ModelConfig, known_config
+from engine.seeded import seeded_tokens
+
+SHIPPED = ("llama-2-13b", "llama-3-8b", "llama-3-70b", "qwen3-0.6b")
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 1.1: bytes of KV cache per token
+# --------------------------------------------------------------------------------------------------
+
+
+def _shape(layers: int, heads: int, kv_heads: int, head_dim: int) -> ModelConfig:
+    """A made-up model shape; hidden_size differs from heads * head_dim on purpose."""
+    return ModelConfig(vocab_size=1000, hidden_size=96, num_layers=layers, num_heads=heads,
+                       num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=192)
+
+
+# (name, config, dtype_bytes): the four shipped models in fp16, then shapes whose factors are all
+# different (so halving, x heads/kv_heads, / layers and x wrong bytes give different numbers).
+def _kv_cases() -> list[tuple[str, ModelConfig, int]]:
+    cases = [(name, known_config(name), 2) for name in SHIPPED]
+    shapes = [((5, 12, 3, 7), 1), ((3, 14, 2, 11), 4), ((7, 9, 9, 6), 2), ((1, 8, 1, 13), 4),
+              ((6, 10, 5, 3), 8)]
+    for number, ((layers, heads, kv, dim), nbytes) in enumerate(shapes, start=1):
+        cases.append((f"synthetic #{number}", _shape(layers, heads, kv, dim), nbytes))
+    return cases
+
+
+def _kv_formula(c: ModelConfig, nbytes: int) -> int:
+    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * nbytes
+
+
+# Classic mistakes: what each would return, and the hint that names it.
+KV_BUGS = [
+    (lambda c, b: c.num_layers * c.num_kv_heads * c.head_dim * b,
+     "K and V counted once: every token stores a key AND a value vector, so multiply by 2"),
+    (lambda c, b: 2 * c.num_layers * c.num_heads * c.head_dim * b,
+     "num_heads (query heads) used instead of num_kv_heads: with grouped-query attention only the "
+     "KV heads are cached, and several query heads read each one"),
+    (lambda c, b: 2 * c.num_layers * c.hidden_size * b,
+     "hidden_size used for the width of K/V: the cache holds num_kv_heads * head_dim values per "
+     "layer, which differs from hidden_size under grouped-query attention"),
+    (lambda c, b: 2 * c.num_kv_heads * c.head_dim * b,
+     "the layers were left out: every layer keeps its own K and V, so multiply by num_layers"),
+    (lambda c, b: 2 * c.num_layers * c.num_kv_heads * c.head_dim * b * 8,
+     "wrong bytes per value: that counts bits (x 8); dtype_bytes is already in bytes"),
+] + [
+    (lambda c, b, fixed=fixed: 2 * c.num_layers * c.num_kv_heads * c.head_dim * fixed,
+     f"wrong bytes per value: it always counts {fixed} byte(s) per value; use the dtype_bytes "
+     f"argument (2 for fp16/bf16, 4 for fp32, 1 for int8)")
+    for fixed in (1, 2, 4)
+]
+
+
+def _as_number(got):
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return None
+    return got
+
+
+@check
+def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
+    """`kv_bytes_per_token(config, dtype_bytes)`: 2 x layers x KV heads x head_dim x bytes per value."""
+    cases = _kv_cases()
+    results = [(name, config, nbytes, kv_bytes_per_token(config, nbytes)) for name, config, nbytes in cases]
+    for name, config, nbytes, got in results:
+        want = _kv_formula(config, nbytes)
+        value = _as_number(got)
+        if value is None:
+            fail(f"kv_bytes_per_token({name} config, dtype_bytes={nbytes})", f"the int {want}", repr(got),
+                 "return a number of bytes (an int)")
+        if value == want:
+            continue
+        # Which classic mistake reproduces every answer the function gave?
+        matches = [hint for bug, hint in KV_BUGS
+                   if all(_as_number(g) == bug(c, b) for _, c, b, g in results)]
+        here = [hint for bug, hint in KV_BUGS if value == bug(config, nbytes)]
+        hint = (matches or here or [
+            "bytes per token = 2 (K and V) x num_layers x num_kv_heads x head_dim x dtype_bytes"])[0]
+        fail(f"kv_bytes_per_token({name} config, dtype_bytes={nbytes}); that config has "
+             f"{config.num_layers} layers, {config.num_heads} query heads, {config.num_kv_heads} KV heads, "
+             f"head_dim {config.head_dim}", want, got, hint)
+    shipped = ", ".join(f"{name} {g:,}" for name, _, _, g in results[:len(SHIPPED)])
+    passed(f"kv_bytes_per_token: {len(results)} configs; fp16 bytes per token: {shipped}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 1.2: the static cache's update
+# --------------------------------------------------------------------------------------------------
+
+PAD = -7777.0          # the K/V values of padding tokens: they must never reach the cache
+
+
+def _code(seq: int, pos: int, layer: int) -> float:
+    """The K value (head 0, dim 0) the checks give token `pos` of `seq` in `layer`; exact in fp32."""
+    return seq * 1000.0 + pos + 0.5 * layer
+
+
+def _values(seq: int, pos: int, layer: int, heads: int, dim: int) -> torch.Tensor:
+    """[heads, dim] K values of one token: its code plus a per-(head, dim) fraction."""
+    frac = (torch.arange(heads)[:, None] * 0.25 + torch.arange(dim)[None, :] * 0.0625).float()
+    return _code(seq, pos, layer) + frac
+
+
+def _batch(seqs: list[int], starts: dict[int, int], counts: dict[int, int], layer: int, heads: int,
+           dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k, v [B, H, T, D] and positions [B, T] of one ragged step; padding carries PAD."""
+    width = max(counts[s] for s in seqs)
+    k = torch.full((len(seqs), heads, width, dim), PAD)
+    positions = torch.full((len(seqs), width), -1, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        for t in range(counts[s]):
+            pos = starts[s] + t
+            positions[b, t] = pos
+            k[b, :, t] = _values(s, pos, layer, heads, dim)
+    v = torch.where(k == PAD, k, -k)          # V is the negated K, padding stays PAD
+    return k, v, positions
+
+
+# The scripted workload of the direct check: three live sequences (slots 3, 1, 2 after a freed one,
+# batch order 12, 10, 11), three ragged steps; sequence 12 ends exactly at the slot's capacity.
+UPDATE_STEPS = [{12: 5, 10: 2, 11: 3}, {12: 1, 10: 3, 11: 1}, {12: 4, 10: 1, 11: 2}]
+UPDATE_CAPACITY = 10
+UPDATE_BATCH = [12, 10, 11]
+
+
+def _update_config() -> ModelConfig:
+    from engine.checkpoint import tiny_config
+    return tiny_config(num_layers=2, num_heads=2, num_kv_heads=2, head_dim=4)
+
+
+def _find(cache, layer: int, value: float) -> list[tuple[int, int]]:
+    """Where (slot row, position) the K storage of `layer` holds `value` at head 0, dim 0."""
+    storage = getattr(cache, "k", None)
+    if not isinstance(storage, (list, tuple)) or layer >= len(storage):
+        return []
+    plane = storage[layer][:, 0, :, 0]
+    return [tuple(int(i) for i in idx) for idx in (plane == value).nonzero()]
+
+
+def _history_hint(cache, layer: int, b: int, seq: int, pos: int, got: float, start: int) -> str:
+    """Name what went wrong with position `pos` of row b (sequence seq) in the returned keys."""
+    if got == PAD:
+        return (f"padding written: the keys at position {pos} are a padding token's; position -1 marks "
+                "padding, which must never be written")
+    if got == -_code(seq, pos, layer):
+        return "the keys hold the values' numbers: return (keys, values, kv_lens) in that order"
+    where = _find(cache, layer, _code(seq, pos, layer))
+    own = cache.slot.get(seq) if isinstance(getattr(cache, "slot", None), dict) else None
+    if not where:
+        return (f"the key of sequence {seq}'s position {pos} is nowhere in self.k[{layer}]: write every "
+                "new token's K and V into self.k[layer] and self.v[layer]")
+    row, landed = where[0]
+    if own is not None and row != own:
+        return (f"sequence {seq}'s token went into slot row {row}, but the sequence owns slot row {own}: "
+                f"batch row {b} is self.batch[{b}] = {seq}, whose slot is self.slot[{seq}] (a batch row "
+                "is not a slot row)")
+    if landed != pos:
+        column = pos - start
+        if landed == column:
+            return (f"ragged rows written at the wrong offset: the token at column {column} of batch row "
+                    f"{b} landed at position {landed}, its column, instead of its position {pos}; write "
+                    "each token at positions[b, t]")
+        return (f"ragged rows written at the wrong offset: sequence {seq}'s position {pos} landed at "
+                f"position {landed}; each row of a ragged batch starts at its own position "
+                f"(here {start}), so write each token at positions[b, t]")
+    return (f"the slot holds the right key at position {pos}, but the returned keys do not: return the "
+            "slots self.k[layer][self.slot[seq]] of the batch's sequences, in batch order, up to "
+            "the longest new length")
+
+
+def _drive_update(cls) -> None:
+    """The scripted workload through cls's update, checking each call; raises CheckFailed."""
+    config = _update_config()
+    heads, dim, layers = config.num_kv_heads, config.head_dim, config.num_layers
+    cache = cls(config, max_seqs=4, capacity=UPDATE_CAPACITY, dtype=torch.float32)
+    for seq in (7, 10, 11, 12):
+        cache.create(seq)
+    cache.free(7)                             # so slot rows and batch rows differ
+    lengths = {s: 0 for s in UPDATE_BATCH}
+    for number, counts in enumerate(UPDATE_STEPS, start=1):
+        for s in UPDATE_BATCH:
+            cache.reserve(s, counts[s])
+        cache.set_batch(UPDATE_BATCH)
+        after = {s: lengths[s] + counts[s] for s in UPDATE_BATCH}
+        span = ", ".join(f"sequence {s}: position" + (f" {lengths[s]}" if counts[s] == 1 else
+                                                       f"s {lengths[s]}..{after[s] - 1}")
+                         for s in UPDATE_BATCH)
+        for layer in range(layers):
+            k, v, positions = _batch(UPDATE_BATCH, lengths, counts, layer, heads, dim)
+            what = f"step {number} ({span}; padding elsewhere), update(layer={layer}) of {layers}"
+            out = cache.update(layer, k.clone(), v.clone(), positions.clone())
+            if not isinstance(out, (tuple, list)) or len(out) != 3:
+                fail(f"{what}: the return value", "a tuple (keys, values, kv_lens)", type(out).__name__)
+            keys, values, kv_lens = out
+            storage = getattr(cache, "k", None)
+            if isinstance(storage, (list, tuple)) and bool((storage[layer] == PAD).any()):
+                row, pos = (storage[layer][:, 0, :, 0] == PAD).nonzero().tolist()[0]
+                where = ("index -1 is the LAST position of a slot in Python" if pos == UPDATE_CAPACITY - 1
+                         else f"here it landed at position {pos}: it was moved to a real position "
+                              "instead of being skipped")
+                fail(f"{what}: self.k[{layer}] holds a padding token's key at (slot row, position) "
+                     f"({row}, {pos})", hint="padding written: positions of -1 mark padding, which must "
+                     f"never be written ({where})")
+            want_lens = [after[s] for s in UPDATE_BATCH]
+            got_lens = kv_lens.tolist() if isinstance(kv_lens, torch.Tensor) else kv_lens
+            if got_lens != want_lens:
+                hint = "kv_lens[b] is row b's length after this step: its highest position + 1"
+                if isinstance(got_lens, list) and len(got_lens) == len(want_lens):
+                    diff = {g - w for g, w in zip(got_lens, want_lens)}
+                    if diff == {-1}:
+                        hint = ("kv_lens is off by one (one short): a row whose highest position is p "
+                                "holds p + 1 keys, positions 0..p")
+                    elif diff == {1}:
+                        hint = ("kv_lens is off by one (one too many): a row whose highest position is "
+                                "p holds p + 1 keys, not p + 2")
+                    elif all(g == lengths[s] for g, s in zip(got_lens, UPDATE_BATCH)):
+                        hint = "kv_lens must already count this step's new tokens"
+                fail(f"{what}: kv_lens", want_lens, got_lens, hint)
+            if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[0] != len(UPDATE_BATCH) \
+                    or keys.shape[2] < max(want_lens):
+                fail(f"{what}: the shape of the returned keys",
+                     f"[{len(UPDATE_BATCH)}, {heads}, at least {max(want_lens)}, {dim}]",
+                     list(keys.shape) if isinstance(keys, torch.Tensor) else type(keys).__name__)
+            if isinstance(storage, (list, tuple)):
+                for b, s in enumerate(UPDATE_BATCH):
+                    for pos in range(lengths[s], after[s]):
+                        want = _values(s, pos, layer, heads, dim)
+                        stored = storage[layer][cache.slot[s], :, pos]
+                        if not torch.equal(stored.float(), want):
+                            got = float(stored[0, 0])
+                            fail(f"{what}: self.k[{layer}] at sequence {s}'s slot row {cache.slot[s]}, "
+                                 f"position {pos}", f"{_code(s, pos, layer):g} (head 0, dim 0)", f"{got:g}",
+                                 _history_hint(cache, layer, b, s, pos, got, lengths[s]))
+            for b, s in enumerate(UPDATE_BATCH):
+                for pos in list(range(lengths[s], after[s])) + list(range(lengths[s])):
+                    want = _values(s, pos, layer, heads, dim)
+                    if not torch.equal(keys[b, :, pos].float(), want) or \
+                            not torch.equal(values[b, :, pos].float(), -want):
+                        got = float(keys[b, 0, pos, 0])
+                        fail(f"{what}: the returned keys of row {b} (sequence {s}) at position {pos}",
+                             f"{_code(s, pos, layer):g} (head 0, dim 0)", f"{got:g}",
+                             _history_hint(cache, layer, b, s, pos, got, lengths[s]))
+            committed = {s: cache.length(s) for s in UPDATE_BATCH}
+            expected = after if layer == layers - 1 else lengths
+            if committed != expected:
+                if layer < layers - 1 and committed == after:
+                    hint = (f"length committed on every layer: update(layer={layer}) is not the last "
+                            f"layer's call (that is layer {layers - 1}); only the last layer commits the "
+                            "new lengths, so every layer of one forward sees the same old lengths")
+                elif layer == layers - 1 and committed == lengths:
+                    hint = "the last layer's call must commit each row's new length into self.lengths"
+                else:
+                    hint = "the committed length of a sequence is its highest position + 1"
+                fail(f"{what}: length(seq) after the call, for sequences {UPDATE_BATCH}",
+                     [expected[s] for s in UPDATE_BATCH], [committed[s] for s in UPDATE_BATCH], hint)
+        lengths = after
+
+
+def _update_hint(cls) -> str | None:
+    """The direct check's hint for cls, or None when the direct check finds nothing wrong."""
+    try:
+        _drive_update(cls)
+    except CheckFailed as exc:
+        message = str(exc)
+        found = message.split(". Hint: ", 1)[1] if ". Hint: " in message else message
+        return (f"check_static_update, which calls update directly on sequences {UPDATE_BATCH}, "
+                f"finds: {found}")
+    except Exception:      # noqa: BLE001 -- the decisive check reports its own failure
+        return None
+    return None
+
+
+@check
+def check_static_update(cls) -> None:
+    """The static cache's update, called directly: where each token lands, what comes back, when
+    lengths are committed."""
+    _drive_update(cls)
+    passed(f"StaticKVCache.update: 3 ragged steps over sequences in slot rows that differ from batch "
+           f"rows, one sequence filling its {UPDATE_CAPACITY}-slot row exactly; padding never written, "
+           "each row's history and kv_lens right after every layer, lengths committed on the last layer")
+
+
+@check
+def check_static_cache_in_engine(cls, bs: int = 4, decode_steps: int = 20, seed: int = 0) -> None:
+    """The decisive check: the class inside the engine; every logit equals a from-scratch run.
+
+    Ragged prefill of lengths bs-1, bs, bs+1, 2bs+1, then `decode_steps` decode steps; halfway one
+    sequence is freed and a newcomer is prefilled into its (stale) slot while the others decode. The
+    longest sequence ends exactly at the slot's capacity.
+    """
+    from engine.generate import cached_step, scratch_logits
+
+    model = tiny()
+    lengths = [bs - 1, bs, bs + 1, 2 * bs + 1]
+    capacity = 2 * bs + 1 + decode_steps
+    cache = cls(model.config, max_seqs=len(lengths), capacity=capacity, dtype=torch.float32)
+    prompts = {s: seeded_tokens(n, seed=300 + seed + s) for s, n in enumerate(lengths)}
+    seqs: dict[int, list[int]] = {s: [] for s in prompts}     # the tokens each sequence has so far
+    for s in seqs:
+        cache.create(s)
+    rng = random.Random(seed)
+    hint: list[str] = []
+
+    def step(new: dict[int, list[int]], stage: str) -> None:
+        active = sorted(new)
+        got = cached_step(model, cache, active, [new[s] for s in active])
+        for s in active:
+            seqs[s] = seqs[s] + new[s]
+        want = scratch_logits(model, [seqs[s] for s in active])
+        for s, g, w in zip(active, got, want):
+            n = len(new[s])
+            try:
+                compare_logits(g, w[-n:], f"with your StaticKVCache in the engine, {stage}, sequence {s} "
+                               f"({len(seqs[s])} tokens)", first_position=len(seqs[s]) - n)
+            except CheckFailed as exc:
+                if not hint:
+                    hint.append(_update_hint(cls) or (
+                        "the cached run reads a different history than the model computed: check that "
+                        "update writes every new K/V at its position and returns each row's whole "
+                        "history with the right kv_lens"))
+                raise CheckFailed(f"{exc}. Hint: {hint[0]}") from None
+
+    step(prompts, f"after prefilling a ragged batch of lengths {lengths}")
+    newcomer = len(lengths)
+    for t in range(decode_steps):
+        new = {s: [rng.randrange(256)] for s in seqs}
+        if t == decode_steps // 2:
+            cache.free(1)                     # its slot, full of stale K/V, goes to a newcomer
+            del seqs[1], new[1]
+            cache.create(newcomer)
+            seqs[newcomer] = []
+            new[newcomer] = seeded_tokens(bs + 2, seed=400 + seed)
+        step(new, f"at decode step {t + 1}" + (" (a newcomer prefills into a freed slot)"
+                                               if newcomer in new and t == decode_steps // 2 else ""))
+    expect_equal(cache.length(3), capacity, f"after {decode_steps} decode steps: length(3)",
+                 "the longest sequence should fill its slot exactly")
+    passed(f"your StaticKVCache in the engine: prefill of lengths {lengths}, {decode_steps} decode steps, "
+           f"a newcomer in a freed slot, one sequence filling its {capacity}-token slot; every logit "
+           f"matches a from-scratch run within {ATOL:g}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 1.3: the fragmentation tax
+# --------------------------------------------------------------------------------------------------
+
+def _util_cases() -> list[tuple[list[int], int]]:
+    from engine.demos.paged import request_lengths
+    return [([20, 500, 137], 1024), ([1024], 1024), ([1, 1023], 1024), ([100] * 32, 512),
+            ([3, 9, 4, 7, 5], 16), (request_lengths(32, 20, 500, seed=0), 1024)]
+
+
+@check
+def check_static_utilization(static_utilization) -> None:
+    """`static_utilization(lengths, capacity)`: tokens stored / positions reserved, one slot each."""
+    for lengths, capacity in _util_cases():
+        tokens, reserved = sum(lengths), len(lengths) * capacity
+        want = tokens / reserved
+        got = static_utilization(list(lengths), capacity)
+        value = _as_number(got)
+        if value is not None and abs(value - want) <= 1e-9:
+            continue
+        shown = lengths if len(lengths) <= 6 else f"the {len(lengths)} requests of the seed's workload"
+        hint = "every request reserves one whole slot of `capacity` positions, whatever it stores"
+        if value is not None:
+            if abs(value - 100 * want) <= 1e-6:
+                hint = "that is a percentage; return a fraction between 0 and 1"
+            elif abs(value - (1 - want)) <= 1e-9:
+                hint = "that is the unused share (the waste); return the share that holds tokens"
+            elif abs(value - tokens / (len(lengths) * max(lengths))) <= 1e-9:
+                hint = ("it divides by the longest request, not by the slot: a static cache reserves "
+                        "`capacity` positions for every request")
+            elif abs(value - tokens / capacity) <= 1e-9:
+                hint = "it reserves one slot in total; each of the requests reserves its own slot"
+        fail(f"static_utilization({shown}, capacity={capacity})", f"{tokens}/{reserved} = {want:.4f}",
+             got, hint)
+    passed("static_utilization: 6 workloads; the seed's 32 requests of 20-500 tokens in 1,024-token "
+           f"slots use {static_utilization(_util_cases()[-1][0], 1024):.1%} of what they reserve")
+
+
+def _fit_cases() -> list[tuple[int, int, int, int]]:
+    """(gpu_bytes, weight_bytes, slot_tokens, bytes_per_token), including an exact fit and no room."""
+    return [(40 * 10**9, 26_031_308_800, 1024, 819_200), (80 * 10**9, 16_060_522_496, 4096, 131_072),
+            (1000, 200, 10, 8), (1000, 200, 10, 7), (1000, 1200, 10, 8), (24 * 2**30, 0, 2048, 114_688),
+            (1000, 999, 1, 2)]
+
+
+@check
+def check_slots_that_fit(slots_that_fit) -> None:
+    """`slots_that_fit(gpu_bytes, weight_bytes, slot_tokens, bytes_per_token)`: whole slots that fit in
+    the memory the weights leave free, 0 when there is none."""
+    for gpu, weights, slot_tokens, per_token in _fit_cases():
+        free, slot = gpu - weights, slot_tokens * per_token
+        want = max(free, 0) // slot
+        got = slots_that_fit(gpu, weights, slot_tokens, per_token)
+        value = _as_number(got)
+        if value == want and isinstance(value, int):
+            continue
+        what = (f"slots_that_fit(gpu_bytes={gpu:,}, weight_bytes={weights:,}, slot_tokens={slot_tokens}, "
+                f"bytes_per_token={per_token:,})")
+        hint = "(gpu_bytes - weight_bytes) // (slot_tokens * bytes_per_token), and 0 if that is negative"
+        if value == want:
+            hint = "return a whole number of slots as an int (use //, not /)"
+        elif value is not None:
+            if free < 0 and value < 0:
+                hint = "the weights do not even fit: no slot fits, return 0, not a negative count"
+            elif value == -(-free // slot) or value == round(free / slot):
+                hint = ("rounded up: a slot that only partly fits cannot be reserved; round down "
+                        "(floor division)")
+            elif value == gpu // slot:
+                hint = "the weights were not subtracted: they occupy the GPU before any KV cache"
+            elif value == max(free, 0) // per_token:
+                hint = "that counts tokens, not slots: each slot costs slot_tokens * bytes_per_token"
+            elif abs(value - free / slot) < 1e-9:
+                hint = "a fraction of a slot cannot be reserved: round down to whole slots (//)"
+        fail(what, want, got, hint)
+    passed("slots_that_fit: 7 cases, including an exact fit and weights larger than the GPU")
+
+
+# --------------------------------------------------------------------------------------------------
+# Auto-graded review questions
+# --------------------------------------------------------------------------------------------------
+
+@check
+def check_review_recompute(answer) -> None:
+    """Token positions a from-scratch loop runs through the model: 50 new tokens after 100."""
+    prompt, new = 100, 50
+    want = sum(prompt + i for i in range(new))
+    if answer is None:
+        fail("Review question R1 is not answered yet: set r1_answer to a number")
+    value = _as_number(answer)
+    if value == want:
+        passed(f"R1: {value:,} token positions from scratch, against {prompt + new - 1} with a cache")
+        return
+    hint = ("step i (i = 0, 1, ..., 49) runs the model over the prompt and the i tokens generated so "
+            "far; add those up")
+    if value == prompt + new - 1:
+        hint = "that is the count WITH a cache (the prompt once, then one position per step)"
+    elif value in (sum(prompt + i for i in range(new + 1)), sum(prompt + i for i in range(1, new + 1))):
+        hint = ("one step off: the first token comes from the prompt alone (100 positions), the 50th "
+                "from the prompt and 49 generated tokens")
+    fail(f"R1: {answer!r} is not the number of token positions", hint=hint)
+
+
+@check
+def check_review_kv_heads(answer) -> None:
+    """Which change halves the KV bytes per token (choice b: halve num_key_value_heads)."""
+    if answer is None:
+        fail("Review question R2 is not answered yet: set r2_answer to 'a', 'b', 'c' or 'd'")
+    choice = str(answer).strip().lower().strip("()")
+    if choice not in ("a", "b", "c", "d"):
+        fail(f"R2: answer with one letter, 'a', 'b', 'c' or 'd' (got {answer!r})")
+    if choice == "b":
+        passed("R2: halving the KV heads halves every layer's K and V")
+        return
+    hints = {"a": "query heads are not cached: the keys and values of the KV heads are",
+             "c": "the vocabulary sizes the embedding and the output layer, not the cache",
+             "d": "the longest allowed context caps how many tokens a sequence may hold, not what one "
+                  "token costs"}
+    fail(f"R2: ({choice}) does not halve the bytes per token", hint=hints[choice])
