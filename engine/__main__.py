@@ -23,7 +23,13 @@ def main(argv=None) -> int:
         if argv[:1] == [name]:             # only the chosen command's module is imported
             importlib.import_module(module_name).add_arguments(command)
     args = parser.parse_args(argv)
-    return importlib.import_module(COMMANDS[args.command][0]).main(args) or 0
+    from engine.cache.errors import CacheFull
+    from engine.errors import InputError
+    try:
+        return importlib.import_module(COMMANDS[args.command][0]).main(args) or 0
+    except (InputError, CacheFull) as exc:     # the user's input, not a bug: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.config import ModelConfig
+from engine.errors import CheckpointError, MissingFileError
 from engine.model import Qwen3Model
 
 # Keys some exporters add that carry no weights of their own.
@@ -65,37 +66,65 @@ def write_tiny_checkpoint(path: str | Path, seed: int = 0, **overrides) -> Path:
     return save_checkpoint(tiny_model(seed, **overrides), path)
 
 
+def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    """One safetensors file; an empty, truncated or foreign file is an error that names it."""
+    if not file.exists():
+        raise MissingFileError(f"checkpoint file {file} does not exist")
+    try:
+        return load_file(str(file))
+    except Exception as exc:   # safetensors raises its own SafetensorError (and OSError) for bad files
+        raise CheckpointError(f"{file} is not a readable safetensors file "
+                              f"({file.stat().st_size} bytes; {exc})") from None
+
+
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory: one model.safetensors or a sharded index."""
     single, index = path / "model.safetensors", path / "model.safetensors.index.json"
     if single.exists():
-        return load_file(str(single))
+        return read_safetensors(single)
     if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index} is not a safetensors index with a 'weight_map' ({exc})") from None
         tensors = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            tensors.update(load_file(str(path / shard)))
+        for shard in sorted(set(weight_map.values())):
+            tensors.update(read_safetensors(path / shard))
         return tensors
-    raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
+    raise MissingFileError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Qwen3Model:
     """Load a Hugging Face Qwen3 checkpoint directory; every tensor is checked by name and shape."""
     path = Path(path)
-    config = ModelConfig.from_json(path)
+    config = ModelConfig.from_json(path, strict=True)
     model = Qwen3Model(config)
     expected = hf_state_dict(model)
     found = {k: v for k, v in read_tensors(path).items() if not k.endswith(IGNORED_SUFFIXES)}
+    if config.tie_word_embeddings and "lm_head.weight" in found:
+        drop_tied_head(found, path)
     missing = sorted(set(expected) - set(found))
     if missing:
-        raise KeyError(f"checkpoint {path} lacks tensor {missing[0]!r} (shape {tuple(expected[missing[0]].shape)})"
+        raise CheckpointError(f"checkpoint {path} lacks tensor {missing[0]!r} (shape {tuple(expected[missing[0]].shape)})"
                        + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
     unexpected = sorted(set(found) - set(expected))
     if unexpected:
-        raise KeyError(f"checkpoint {path} has tensor {unexpected[0]!r} that a Qwen3 of this config does not use")
+        raise CheckpointError(f"checkpoint {path} has tensor {unexpected[0]!r} that a Qwen3 of this config "
+                              "does not use")
     for key, tensor in found.items():
         if tensor.shape != expected[key].shape:
-            raise ValueError(f"checkpoint tensor {key!r} has shape {tuple(tensor.shape)}, "
+            raise CheckpointError(f"checkpoint tensor {key!r} has shape {tuple(tensor.shape)}, "
                              f"config.json implies {tuple(expected[key].shape)}")
     own = {key.removeprefix("model."): tensor for key, tensor in found.items()}
     model.load_state_dict(own, strict=not config.tie_word_embeddings)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def drop_tied_head(found: dict[str, torch.Tensor], path: Path) -> None:
+    """A tied checkpoint that also stores lm_head.weight (transformers writes some so): keep it only
+    when it is the embedding, since a tied model has one matrix for both."""
+    head, embedding = found.pop("lm_head.weight"), found.get("model.embed_tokens.weight")
+    if embedding is not None and (head.shape != embedding.shape or not torch.equal(head, embedding)):
+        raise CheckpointError(f"checkpoint {path}: config.json says tie_word_embeddings = true, but the stored "
+                              "lm_head.weight differs from model.embed_tokens.weight; set tie_word_embeddings "
+                              "to false to use the stored head")

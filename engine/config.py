@@ -7,6 +7,12 @@ from pathlib import Path
 
 import torch
 
+from engine.errors import InputError, MissingFileError
+
+# config.json fields the engine reads, with the type each must have.
+INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "intermediate_size", "max_position_embeddings")
+FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -40,12 +46,19 @@ class ModelConfig:
         return kv_bytes_per_token(self, torch.empty((), dtype=dtype).element_size())
 
     @classmethod
-    def from_hf(cls, hf: dict) -> "ModelConfig":
-        """Read the fields of a Hugging Face config.json dict (Qwen3 or Llama style)."""
+    def from_hf(cls, hf: dict, source: str = "config.json") -> "ModelConfig":
+        """Read the fields of a Hugging Face config.json dict (Qwen3 or Llama style).
+
+        `source` names the file in error messages. Only the shape is read here: `check_supported`
+        says whether the engine can run the model as the config describes it.
+        """
+        if not isinstance(hf, dict):
+            raise InputError(f"{source}: expected a JSON object, got {type(hf).__name__}")
         missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                "intermediate_size") if k not in hf]
         if missing:
-            raise ValueError(f"config.json lacks required field(s): {', '.join(missing)}")
+            raise InputError(f"{source} lacks required field(s): {', '.join(missing)}")
+        check_field_types(hf, source)
         heads = hf["num_attention_heads"]
         # rope theta sits at the top level in older configs and inside rope_parameters in newer ones.
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
@@ -68,14 +81,16 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "ModelConfig":
-        """Load a config.json file (or the config.json inside a checkpoint directory)."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.exists():
-            raise FileNotFoundError(f"no config.json at {path}")
-        return cls.from_hf(json.loads(path.read_text()))
+    def from_json(cls, path: str | Path, strict: bool = False) -> "ModelConfig":
+        """Load a config.json file (or the config.json inside a checkpoint directory).
+
+        strict=True also refuses what the engine does not implement (see `check_supported`): use it
+        before running a model; the byte arithmetic of the published configs needs only the shape.
+        """
+        hf, source = read_config_json(path)
+        if strict:
+            check_supported(hf, source)
+        return cls.from_hf(hf, source)
 
     def to_hf(self) -> dict:
         """The config.json a Hugging Face Qwen3 checkpoint of this shape would carry."""
@@ -100,6 +115,61 @@ class ModelConfig:
             "attention_bias": False,
             "torch_dtype": "float32",
         }
+
+
+def read_config_json(path: str | Path) -> tuple[dict, str]:
+    """The parsed config.json (a path to it or to its directory) and its path, for messages."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise MissingFileError(f"no config.json at {path}")
+    try:
+        return json.loads(path.read_text()), str(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path} is not valid JSON: {exc}") from None
+
+
+def check_field_types(hf: dict, source: str) -> None:
+    """Every numeric field the engine reads is a number (not a string, null or bool)."""
+    for name in INT_FIELDS + FLOAT_FIELDS:
+        if name not in hf or (hf[name] is None and name in ("num_key_value_heads", "head_dim")):
+            continue            # optional; these two may be null and are then derived
+        value = hf[name]
+        wanted = int if name in INT_FIELDS else (int, float)
+        if isinstance(value, bool) or not isinstance(value, wanted):
+            kind = "an integer" if name in INT_FIELDS else "a number"
+            raise InputError(f"{source}: field {name!r} must be {kind}, got {value!r}")
+
+
+def check_supported(hf: dict, source: str = "config.json") -> None:
+    """Refuse, naming the field and its value, what the engine does not implement.
+
+    The engine runs full causal attention with plain RoPE, SwiGLU (silu) and bias-free projections.
+    A config asking for anything else would load and silently give other logits than transformers.
+    Qwen3 checkpoints in the wild carry rope_scaling: null and use_sliding_window: false, which pass.
+    """
+    def refuse(field: str, value, why: str):
+        raise InputError(f"{source}: {field} = {json.dumps(value)} is not supported: {why}")
+
+    act = hf.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        refuse("hidden_act", act, "the engine's MLP is SwiGLU with silu")
+    for field in ("rope_scaling", "rope_parameters"):
+        rope = hf.get(field)
+        if rope is None:
+            continue
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+        if kind != "default":
+            refuse(field, rope, "the engine implements plain RoPE only (rope_type 'default')")
+    if hf.get("use_sliding_window"):
+        refuse("use_sliding_window", hf["use_sliding_window"], "the engine attends to the whole history")
+    sliding = [kind for kind in hf.get("layer_types") or [] if kind != "full_attention"]
+    if sliding:
+        refuse("layer_types", sliding[0], "the engine has full causal attention in every layer")
+    for field in ("attention_bias", "mlp_bias"):
+        if hf.get(field):
+            refuse(field, hf[field], "the engine's projections have no bias")
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int = 2) -> int:

@@ -11,6 +11,8 @@ from typing import Sequence
 
 import torch
 
+from engine.errors import InputError
+from engine.model import check_prompt_ids
 from engine.sampling import SamplingParams, sample
 
 
@@ -71,7 +73,9 @@ def generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams | S
         raise ValueError(f"give one SamplingParams per prompt: {len(prompts)} prompts, {len(params)} params")
     empty = [i for i, p in enumerate(prompts) if len(p) == 0]
     if empty:
-        raise ValueError(f"prompt {empty[0]} is empty: every prompt needs at least one token")
+        raise InputError(f"prompt {empty[0]} is empty: every prompt needs at least one token")
+    for i, prompt in enumerate(prompts):
+        check_prompt_ids(list(prompt), model.config.vocab_size, f"prompt {i}")
     eos = model.config.eos_token_id
     generators = [p.generator() for p in params]
     results = [Generation() for _ in prompts]
@@ -109,15 +113,43 @@ def generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams | S
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("Limits: a prompt plus --max-tokens must fit the model's trained context "
+                     "(max_position_embeddings in config.json; 4,096 for the tiny model); --max-tokens "
+                     "is at least 1; --temperature >= 0 and --top-p in (0, 1] are finite numbers. "
+                     "A bad input prints one 'error: ...' line and exits with status 2.")
     parser.add_argument("--model", default="tiny", help="'tiny' (seeded, no download) or a checkpoint directory")
-    parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
-    parser.add_argument("--max-tokens", type=int, default=32, help="new tokens per prompt at most")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--prompt", action="append", required=True,
+                        help="repeat for a batch (bytes that are not UTF-8 are kept as raw bytes)")
+    parser.add_argument("--max-tokens", type=int, default=32,
+                        help="new tokens per prompt at most (1 to the context left after the prompt)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (a finite number >= 0)")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0 = all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
     parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
     parser.add_argument("--cache", choices=["none", "static", "paged"], default="paged",
                         help="none recomputes from scratch each step; static slots; paged blocks of 16")
+
+
+def check_limits(prompts: list[list[int]], max_tokens: int, context: int) -> None:
+    """Refuse, before any memory is reserved, a run that cannot be done as asked."""
+    if max_tokens < 1:
+        raise InputError(f"--max-tokens must be at least 1, got {max_tokens}")
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise InputError(f"prompt {i} is empty: every prompt needs at least one token")
+        if len(prompt) + max_tokens > context:
+            raise InputError(f"prompt {i} ({len(prompt)} tokens) + --max-tokens {max_tokens} = "
+                             f"{len(prompt) + max_tokens} positions, past the model's trained context of "
+                             f"{context} (max_position_embeddings); lower --max-tokens to at most "
+                             f"{max(context - len(prompt), 0)}")
+
+
+def encode_argument(tokenizer, text: str) -> list[int]:
+    """A command-line prompt as token ids; bytes that were not UTF-8 reach the byte tokenizer as they were."""
+    raw = text.encode("utf-8", errors="surrogateescape")
+    if hasattr(tokenizer, "encode_bytes"):
+        return tokenizer.encode_bytes(raw)
+    return tokenizer.encode(raw.decode("utf-8", errors="replace"))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -128,11 +160,12 @@ def main(args: argparse.Namespace) -> int:
     from engine.checkpoint import load_model, tiny_model
     from engine.tokenizer import load_tokenizer
 
+    params = [SamplingParams(args.temperature, args.top_k, args.top_p, args.max_tokens, args.seed + i)
+              for i in range(len(args.prompt))]          # options are checked before the model loads
     model = tiny_model() if args.model == "tiny" else load_model(args.model)
     tokenizer = load_tokenizer(None if args.model == "tiny" else args.model, model.config.eos_token_id)
-    prompts = [tokenizer.encode(p) for p in args.prompt]
-    params = [SamplingParams(args.temperature, args.top_k, args.top_p, args.max_tokens, args.seed + i)
-              for i in range(len(prompts))]
+    prompts = [encode_argument(tokenizer, p) for p in args.prompt]
+    check_limits(prompts, args.max_tokens, model.config.max_position_embeddings)
     dtype, longest = next(model.parameters()).dtype, max(len(p) for p in prompts) + args.max_tokens
     cache = None
     if args.cache == "static":
@@ -140,5 +173,6 @@ def main(args: argparse.Namespace) -> int:
     elif args.cache == "paged":
         cache = PagedKVCache(model.config, len(prompts) * blocks_needed(longest, 16), 16, dtype)
     for prompt, out in zip(args.prompt, generate(model, prompts, params, cache)):
-        print(f"{prompt!r} -> {tokenizer.decode(out.tokens)!r} ({out.finish_reason}, {len(out.tokens)} tokens)")
+        shown = prompt.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+        print(f"{shown!r} -> {tokenizer.decode(out.tokens)!r} ({out.finish_reason}, {len(out.tokens)} tokens)")
     return 0

@@ -9,6 +9,7 @@ from torch import nn
 
 from engine.attention.reference import attention
 from engine.config import ModelConfig
+from engine.errors import InputError
 
 
 class RMSNorm(nn.Module):
@@ -114,12 +115,33 @@ class Qwen3Model(nn.Module):
         if token_ids.shape != positions.shape or token_ids.dim() != 2:
             raise ValueError(f"token_ids {tuple(token_ids.shape)} and positions {tuple(positions.shape)} "
                              "must both be [batch, tokens]")
+        check_token_ids(token_ids, positions, self.config.vocab_size)
         if cache is None:
             check_from_scratch_positions(positions)
         x = self.embed_tokens(token_ids.clamp(min=0))
         for layer in self.layers:
             x = layer(x, positions, cache)
         return self.lm_head(self.norm(x)).float()
+
+
+def check_token_ids(token_ids: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> None:
+    """Every real token (position >= 0) is an id in [0, vocab); padding (position -1) may hold anything.
+
+    Checked before any layer runs, so a bad id changes no cache.
+    """
+    bad = ((token_ids < 0) | (token_ids >= vocab_size)) & (positions >= 0)
+    if bool(bad.any()):
+        row, column = (int(i) for i in bad.nonzero()[0])
+        raise InputError(f"token id {int(token_ids[row, column])} in row {row} at position "
+                         f"{int(positions[row, column])} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_prompt_ids(prompt, vocab_size: int, what: str) -> None:
+    """A prompt (a list of ints) holds only ids in [0, vocab); the error names `what` and the position."""
+    for position, token in enumerate(prompt):
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+            raise InputError(f"{what}: token {token!r} at position {position} is not an id in "
+                             f"[0, {vocab_size})")
 
 
 def check_from_scratch_positions(positions: torch.Tensor) -> None:

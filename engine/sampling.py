@@ -1,9 +1,12 @@
 """Sampling: turn one row of logits into the next token, reproducibly per request."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from engine.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -18,12 +21,15 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
+        if not math.isfinite(self.temperature) or not math.isfinite(self.top_p):
+            raise InputError(f"temperature and top_p must be finite numbers, got {self.temperature} "
+                             f"and {self.top_p}")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise InputError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0 or self.max_tokens < 0:
-            raise ValueError(f"top_k and max_tokens must be >= 0, got {self.top_k} and {self.max_tokens}")
+            raise InputError(f"top_k and max_tokens must be >= 0, got {self.top_k} and {self.max_tokens}")
 
     def generator(self) -> torch.Generator:
         """A private random stream for this request, so batching never changes its samples."""

@@ -12,6 +12,10 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
+    def encode_bytes(self, raw: bytes) -> list[int]:
+        """Bytes as they are, UTF-8 or not (a command line may carry any)."""
+        return list(raw)
+
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
