@@ -311,3 +311,48 @@ def test_attend_through_the_triton_kernels_in_the_interpreter(tiny):
     assert step_and_compare(model, cache, history, {0: seeded_tokens(BS + 3, 0), 1: seeded_tokens(BS - 2, 1)}) <= 1e-5
     for token in range(3):
         assert step_and_compare(model, cache, history, {0: [5 + token], 1: [6 + token]}) <= 1e-5
+
+
+def test_share_blocks_and_set_length_place_cached_history_like_a_prefill(tiny):
+    # What a prefix-cache hit does: a newcomer names the full blocks of an earlier sequence.
+    cache = paged(tiny)
+    history = {0: [], 1: []}
+    cache.create(0)
+    step_and_compare(tiny, cache, history, {0: seeded_tokens(2 * BS + 1, 0)})
+    cache.create(1)
+    full = cache.tables[0][:2]
+    cache.share_blocks(1, full)
+    cache.set_length(1, 2 * BS)
+    history[1] = history[0][:2 * BS]
+    assert cache.tables[1] == full and [cache.allocator.refcount(b) for b in full] == [2, 2]
+    assert step_and_compare(tiny, cache, history, {1: [9, 8, 7]}) < ATOL
+    assert step_and_compare(tiny, cache, history, {0: [1], 1: [2]}) < ATOL
+
+
+def test_share_blocks_and_set_length_refuse_what_would_break_the_cache(tiny):
+    cache = paged(tiny)
+    cache.create(0)
+    cache.reserve(0, BS)
+    free_block = next(b for b in range(64) if cache.allocator.refcount(b) == 0)
+    cache.create(1)
+    with pytest.raises(ValueError, match=f"block {free_block} is free"):
+        cache.share_blocks(1, [cache.tables[0][0], free_block])
+    assert cache.tables[1] == [] and cache.allocator.refcount(cache.tables[0][0]) == 1   # all or nothing
+    with pytest.raises(ValueError, match="length 5 is outside the 4 slots"):
+        cache.set_length(0, BS + 1)
+    cache.set_length(0, BS)
+    assert cache.length(0) == BS
+
+
+def test_shared_writes_lists_only_shared_blocks_the_new_tokens_land_in(tiny):
+    cache = paged(tiny)
+    cache.create(0)
+    cache.reserve(0, 2 * BS + 2)
+    cache.set_length(0, 2 * BS + 2)
+    cache.fork(0, 1)
+    assert cache.shared_writes(1, 0) == [] and cache.shared_writes(1, 1) == [2]
+    assert cache.blocks_wanted(1, BS) == 2               # copy block 2, add block 3
+    cache.reserve(1, 1)
+    assert cache.shared_writes(1, 1) == [] and cache.shared_writes(0, 1) == []
+    with pytest.raises(ValueError, match="int >= 0"):
+        cache.shared_writes(0, -1)

@@ -64,13 +64,13 @@ class PagedKVCache:
     def reserve(self, seq: int, n: int) -> None:
         """Make positions [length, length + n) writable; raise OutOfBlocks, changing nothing, if they cannot be."""
         table = self.table(seq)
-        written, new = self.plan(seq, n)
-        shared = [index for index in written if self.allocator.refcount(table[index]) > 1]
-        wanted = len(shared) + new                   # a copy for each shared block, plus the new blocks
+        new = max(0, blocks_needed(self.lengths[seq] + n, self.block_size) - len(table))
+        copies = self.shared_writes(seq, n)          # chapter 4: shared blocks these tokens write into
+        wanted = new + len(copies)
         if wanted > self.allocator.num_free:         # checked before the first copy or allocation
             raise OutOfBlocks(wanted, self.allocator.num_free, f"sequence {seq} cannot reserve {n} token(s)")
-        for index in written:
-            self.copy_on_write(seq, index)           # a no-op unless another table also names the block
+        for index in copies:
+            self.copy_on_write(seq, index)
         table.extend(self.allocator.allocate(new))
 
     def set_batch(self, seqs) -> None:
@@ -88,9 +88,35 @@ class PagedKVCache:
         self.batch_capacity = torch.tensor([len(t) * self.block_size for t in tables], device=self.device)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
-        """Store k, v [B, Hkv, T, D] at their slots, then gather each row's history (the reference path)."""
+        """Store k, v [B, Hkv, T, D] at their slots, then read each row's history back (the reference path)."""
         kv_lens = self.write(layer, k, v, positions)
         return self.gather(self.k_pools[layer], kv_lens), self.gather(self.v_pools[layer], kv_lens), kv_lens
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Scatter k, v [B, Hkv, T, D] into this layer's pools through the slot mapping; return kv_lens [B]."""
+        if layer == 0:
+            self.check_positions(positions)          # in the batch's reserved room, above its history
+        valid = positions >= 0                       # padding (-1) is never written
+        slots = slot_mapping(self.block_tables, positions, self.block_size)[valid]
+        blocks, offsets = slots // self.block_size, slots % self.block_size
+        self.k_pools[layer][blocks, :, offsets] = k.transpose(1, 2)[valid].to(self.dtype)
+        self.v_pools[layer][blocks, :, offsets] = v.transpose(1, 2)[valid].to(self.dtype)
+        newest = torch.where(valid, positions, -1).amax(dim=1) + 1 if positions.shape[1] else self.batch_lengths
+        kv_lens = torch.maximum(self.batch_lengths, newest)
+        if layer == len(self.k_pools) - 1:          # the last layer commits the new lengths
+            for seq, n in zip(self.batch, kv_lens.tolist()):
+                self.lengths[seq] = n
+            self.batch_lengths = kv_lens
+        return kv_lens
+
+    def gather(self, pool: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
+        """Each row's positions 0..kv_len-1 read back out of the pool: [B, Hkv, L, D], key j = position j."""
+        span = max(int(kv_lens.max()), 1)
+        history = torch.arange(span, device=self.device).expand(len(self.batch), span)
+        history = torch.where(history < kv_lens[:, None], history, -1)
+        # Positions past a row's kv_len map to slot -1; clamped to slot 0, they are masked by kv_lens.
+        slots = slot_mapping(self.block_tables, history, self.block_size).clamp(min=0)
+        return pool[slots // self.block_size, :, slots % self.block_size].transpose(1, 2)
 
     def attend(self, layer: int, q, k, v, positions: torch.Tensor) -> torch.Tensor:
         """Store k, v, then attend q [B, Hq, T, D] through the block tables (Triton kernels read the pool in place)."""
@@ -111,13 +137,45 @@ class PagedKVCache:
 
     def free(self, seq: int) -> None:
         """Forget seq: each of its blocks loses one owner, and blocks nobody else names become free."""
-        if self.swapped.pop(seq, None) is not None:
+        if self.swapped.pop(seq, None) is not None:  # swapped out (chapter 7): it holds no block
             return
         for block in self.table(seq):
             self.allocator.release(block)
         del self.tables[seq], self.lengths[seq]
 
-    # ---- sharing: fork, copy-on-write, rollback ----
+    def truncate(self, seq: int, length: int) -> None:
+        """Roll seq back to its first `length` tokens (rejected draft tokens) and release the blocks past them."""
+        table = self.table(seq)
+        if not 0 <= length <= self.lengths[seq]:
+            raise ValueError(f"cannot truncate sequence {seq} of {self.lengths[seq]} tokens to {length}")
+        keep = blocks_needed(length, self.block_size)
+        for block in table[keep:]:
+            self.allocator.release(block)
+        del table[keep:]
+        # A kept block that is shared and now partial is not copied here: the next reserve copies it.
+        self.lengths[seq] = length
+
+    # ---- for callers that place K/V without a forward pass: a prefix-cache hit, the simulator ----
+
+    def share_blocks(self, seq: int, blocks) -> None:
+        """Append blocks that already hold seq's next positions (a prefix-cache hit), one more owner each."""
+        table, blocks = self.table(seq), list(blocks)
+        for block in blocks:                         # all checked before any is shared
+            if self.allocator.refcount(block) == 0:
+                raise ValueError(f"sequence {seq}: block {block} is free, so it holds nobody's K/V to share")
+        for block in blocks:
+            self.allocator.share(block)
+        table.extend(blocks)
+
+    def set_length(self, seq: int, length: int) -> None:
+        """Record that seq's first `length` positions hold K/V written without update (a prefix hit, a simulation)."""
+        table = self.table(seq)
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= len(table) * self.block_size:
+            raise ValueError(f"sequence {seq}: length {length!r} is outside the {len(table) * self.block_size} "
+                             "slots of its blocks")
+        self.lengths[seq] = length
+
+    # ---- sharing: fork and copy-on-write (chapter 4) ----
 
     def fork(self, parent: int, child: int) -> None:
         """Start child as an alias of parent: copy the table and add an owner to each block, no data copied."""
@@ -138,18 +196,6 @@ class PagedKVCache:
             pool[fresh].copy_(pool[block])
         self.allocator.release(block)                # the other owners keep the original untouched
         table[index] = fresh
-
-    def truncate(self, seq: int, length: int) -> None:
-        """Roll seq back to its first `length` tokens (rejected draft tokens) and release the blocks past them."""
-        table = self.table(seq)
-        if not 0 <= length <= self.lengths[seq]:
-            raise ValueError(f"cannot truncate sequence {seq} of {self.lengths[seq]} tokens to {length}")
-        keep = blocks_needed(length, self.block_size)
-        for block in table[keep:]:
-            self.allocator.release(block)
-        del table[keep:]
-        # A kept block that is shared and now partial is not copied here: the next reserve copies it.
-        self.lengths[seq] = length
 
     # ---- preemption: swap to host memory and back ----
 
@@ -212,50 +258,25 @@ class PagedKVCache:
             raise KeyError(f"sequence {seq} is {why}")
         return self.tables[seq]
 
-    def plan(self, seq: int, n: int) -> tuple[range, int]:
-        """For n new tokens of seq: (existing table entries they write into, blocks to append)."""
+    def shared_writes(self, seq: int, n: int) -> list[int]:
+        """Table indices that n new tokens of seq write into while another owner still names the block."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"can only reserve an int >= 0 of tokens, got {n!r}")
         table, start = self.table(seq), self.lengths[seq]
-        needed = blocks_needed(start + n, self.block_size)
-        written = range(start // self.block_size, min(len(table), needed)) if n else range(0)
-        return written, max(0, needed - len(table))
+        end = min(len(table), blocks_needed(start + n, self.block_size)) if n else 0
+        return [i for i in range(start // self.block_size, end) if self.allocator.refcount(table[i]) > 1]
 
     def blocks_wanted(self, seq: int, n: int) -> int:
         """Free blocks reserve(seq, n) would take: new blocks plus copies of shared blocks it writes into."""
-        written, new = self.plan(seq, n)
-        return new + sum(self.allocator.refcount(self.tables[seq][i]) > 1 for i in written)
+        copies = self.shared_writes(seq, n)
+        return len(copies) + max(0, blocks_needed(self.lengths[seq] + n, self.block_size) - len(self.tables[seq]))
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Scatter k, v into the pool through the slot mapping; return kv_lens [B] after this step."""
+    def check_positions(self, positions: torch.Tensor) -> None:
+        """Refuse a batch set_batch did not name, writes below a row's length (history is immutable) and
+        writes past what reserve made room for."""
         if self.block_tables is None or positions.shape[0] != len(self.batch):
             raise ValueError(f"positions has {positions.shape[0]} rows but set_batch named {len(self.batch)}")
         valid = positions >= 0
-        if layer == 0:
-            self.check_positions(positions, valid)
-        slots = slot_mapping(self.block_tables, positions, self.block_size)[valid]
-        blocks, offsets = slots // self.block_size, slots % self.block_size
-        self.k_pools[layer][blocks, :, offsets] = k.transpose(1, 2)[valid].to(self.dtype)
-        self.v_pools[layer][blocks, :, offsets] = v.transpose(1, 2)[valid].to(self.dtype)
-        newest = torch.where(valid, positions, -1).amax(dim=1) + 1 if positions.shape[1] else self.batch_lengths
-        kv_lens = torch.maximum(self.batch_lengths, newest)
-        if layer == len(self.k_pools) - 1:          # the last layer commits the new lengths
-            for seq, n in zip(self.batch, kv_lens.tolist()):
-                self.lengths[seq] = n
-            self.batch_lengths = kv_lens
-        return kv_lens
-
-    def gather(self, pool: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
-        """Each row's positions 0..kv_len-1 read back out of the pool: [B, Hkv, L, D], key j = position j."""
-        span = max(int(kv_lens.max()), 1)
-        history = torch.arange(span, device=self.device).expand(len(self.batch), span)
-        history = torch.where(history < kv_lens[:, None], history, -1)
-        # Positions past a row's kv_len map to slot -1; clamped to slot 0, they are masked by kv_lens.
-        slots = slot_mapping(self.block_tables, history, self.block_size).clamp(min=0)
-        return pool[slots // self.block_size, :, slots % self.block_size].transpose(1, 2)
-
-    def check_positions(self, positions: torch.Tensor, valid: torch.Tensor) -> None:
-        """Refuse writes below a row's length (history is immutable) or past what reserve made room for."""
         below = positions < self.batch_lengths[:, None]
         beyond = positions >= self.batch_capacity[:, None]
         bad = valid & (below | beyond)
