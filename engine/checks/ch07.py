@@ -1,0 +1,530 @@
+"""Chapter 7's checks: admission reserves first, preemption takes the newest and frees what it takes,
+swap restores every block where it was, forks share the prompt, and the whole engine stays exact.
+
+The scheduler checks take the learner's `Scheduler` class (the engine's, with the chapter's methods
+written by the learner); the swap check takes the learner's `PagedKVCache` class. The last check runs
+both inside the real engine under memory pressure and compares every logit with a from-scratch run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.seeded import seeded_tokens
+
+NO_RESERVE = ("admission without reserving: admit must call cache.reserve(seq.seq_id, count) for the "
+              "chunk it returns, before any compute, or the forward has no blocks to write into "
+              "(out of blocks mid-step)")
+NO_ROOM_CHECK = ("admission without reserving room: before letting a sequence in, compare the free "
+                 "blocks (after make_room) with blocks_wanted for its whole remaining prompt plus "
+                 "margin(); otherwise the running sequences run out of blocks mid-step")
+LEAKED = ("a preempted sequence's blocks were never freed: preempt must give them back "
+          "(self.release(seq), or self.release(seq, swap=True) for a swap)")
+NOT_RESET = ("a recomputed sequence was not reset to re-prefill its generated tokens: after a "
+             "recompute preemption set num_computed = 0 and keep its tokens (prompt + output) as "
+             "they are, so admission prefills all of them again")
+OLDEST = ("the oldest request was preempted instead of the newest: walk self.running from the end "
+          "(the newest admitted) and take the first id not in `scheduled`")
+WRONG_ORDER = ("swap-in restored the blocks in the wrong order: the i-th saved block must land in "
+               "the i-th newly allocated block, and the table must list them in that same order")
+
+
+def _sequence(seq_id: int, tokens: list[int], max_tokens: int = 8, n: int = 1, seed: int = 0):
+    """A Sequence of a fresh one-sample request whose prompt is `tokens`."""
+    from engine.sampling import SamplingParams
+    from engine.serve.request import Request, Sequence, make_generator
+    request = Request(seq_id, list(tokens), SamplingParams(max_tokens=max_tokens, ignore_eos=True), seed, n)
+    seq = Sequence(seq_id, request, list(tokens), make_generator(seed))
+    request.sequences.append(seq)
+    return seq
+
+
+def _scheduler(cls, num_blocks: int, block_size: int = 4, prefix: bool = False, **config):
+    """The learner's scheduler over a fresh PagedKVCache of the tiny model (and a prefix cache)."""
+    from engine.cache.paged import PagedKVCache
+    from engine.serve.scheduler import SchedulerConfig
+    cache = PagedKVCache(tiny().config, num_blocks, block_size=block_size)
+    prefix_cache = None
+    if prefix:
+        from engine.cache.prefix import PrefixCache
+        prefix_cache = PrefixCache(cache)
+    config = {"margin_blocks": 2, "watermark": 0.0, **config}
+    return cls(cache, SchedulerConfig(**config), prefix_cache)
+
+
+def _run_prefill(sched, seq) -> None:
+    """Put `seq` in the cache with all its tokens computed, and mark it running (oldest first)."""
+    from engine.generate import cached_step
+    from engine.serve.request import Status
+    sched.cache.create(seq.seq_id)
+    cached_step(tiny(), sched.cache, [seq.seq_id], [seq.tokens])
+    seq.num_computed, seq.status = len(seq.tokens), Status.RUNNING
+    sched.running.append(seq)
+
+
+def _snapshot(sched) -> dict:
+    cache = sched.cache
+    return {"free blocks": cache.allocator.num_free, "tables": {s: list(t) for s, t in cache.tables.items()},
+            "running": [s.seq_id for s in sched.running], "waiting": [s.seq_id for s in sched.waiting]}
+
+
+# ---- exercise 7.1: admission ------------------------------------------------------------------
+
+@check
+def check_admit(cls) -> None:
+    """admit(seq, budget): reserves the first chunk before any compute, keeps the margin free, refuses
+    without changing anything, evicts unused cached blocks first, and counts reused prefix tokens."""
+    from engine.serve.request import Status
+    for bs, prompt_len, budget in ((4, 10, 6), (4, 10, 64), (8, 17, 9), (2, 5, 5)):
+        sched = _scheduler(cls, num_blocks=16, block_size=bs)
+        seq = _sequence(1, seeded_tokens(prompt_len, seed=prompt_len))
+        sched.add(seq)
+        want = min(prompt_len, budget)
+        got = sched.admit(seq, budget)
+        what = f"an empty pool of 16 blocks of {bs}, a {prompt_len}-token prompt, budget {budget}"
+        expect_equal(got, want, f"{what}: admit returned",
+                     "return the tokens of this step's chunk: min(seq.num_pending, budget)")
+        if seq.seq_id not in sched.cache.tables:
+            fail(f"{what}: after admit returned {got}, the cache has no table for the sequence",
+                 hint="create it in the cache first: self.attach(seq) does, reusing cached prefix blocks")
+        room = len(sched.cache.tables[seq.seq_id]) * bs
+        if room < want:
+            fail(f"{what}: after admit returned {got}, positions with reserved room", f">= {want}", room,
+                 NO_RESERVE)
+        expect_equal((seq.status, seq.num_computed, [s.seq_id for s in sched.running]),
+                     (Status.RUNNING, 0, [1]), f"{what}: (status, num_computed, running ids) after admit",
+                     "an admitted sequence is RUNNING, appended to self.running, with num_computed set to "
+                     "the tokens attach reused (0 here)")
+    # A pool with one sequence running: 3 free blocks of 4, margin 2.
+    for prompt_len, fits in ((6, False), (9, False), (4, True)):
+        sched = _scheduler(cls, num_blocks=8, block_size=4)
+        _run_prefill(sched, _sequence(0, seeded_tokens(20, seed=3)))
+        seq = _sequence(1, seeded_tokens(prompt_len, seed=prompt_len))
+        sched.add(seq)
+        before = _snapshot(sched)
+        got = sched.admit(seq, 64)
+        what = (f"one sequence running, 3 of 8 blocks free (blocks of 4), margin 2 blocks: admit of a "
+                f"{prompt_len}-token prompt (needs {-(-prompt_len // 4)} block(s) + 2)")
+        if fits:
+            expect_equal(got, prompt_len, f"{what} returned",
+                         "the prompt and the margin fit exactly: free blocks >= needed + margin admits")
+            continue
+        if got:
+            blocks = -(-prompt_len // 4)
+            hint = NO_ROOM_CHECK if blocks > 3 else (
+                f"the prompt fits but leaves {3 - blocks} free block(s), fewer than margin() = 2: "
+                + NO_ROOM_CHECK)
+            fail(f"{what}: returned", 0, got, hint)
+        if seq.seq_id in sched.cache.tables:
+            fail(f"{what}: admit refused, but the sequence still has a table in the cache",
+                 hint="a refusal must change nothing: undo the attach with self.release(seq)")
+        expect_equal(_snapshot(sched), before, f"{what}: the state after a refusal",
+                     "a refusal must change nothing (release what attach took)")
+    # Cached blocks nobody uses are evicted to make room; reused prefix tokens are not prefilled.
+    sched = _scheduler(cls, num_blocks=6, block_size=4, prefix=True)
+    shared = seeded_tokens(12, seed=7)
+    first = _sequence(0, shared + [1, 2])
+    _run_prefill(sched, first)
+    sched.publish(first)
+    sched.finish(first, "length")                           # 3 full blocks stay cached, unused
+    filler = _sequence(2, seeded_tokens(20, seed=8))
+    seq = _sequence(1, shared + [9, 9, 9])
+    sched.add(seq)
+    got = sched.admit(seq, 64)
+    expect_equal(got, 3, "a 15-token prompt whose first 12 tokens are cached (blocks of 4): admit returned",
+                 "only the uncached tokens are prefilled: set seq.num_computed = seq.cached_tokens = what "
+                 "self.attach(seq) returned, then count = min(seq.num_pending, budget)")
+    expect_equal((seq.num_computed, seq.cached_tokens), (12, 12), "(num_computed, cached_tokens) after that admit")
+    sched.finish(seq, "length")
+    sched.add(filler)
+    got = sched.admit(filler, 64)
+    expect_equal(got, 20, "6 blocks, 3 held only by the prefix cache, 3 free: admit of a 20-token prompt",
+                 "blocks only the prefix cache holds are free to take: use self.make_room(need), which "
+                 "evicts them, rather than comparing with free_blocks() alone")
+    passed("admit: the first chunk reserved before any compute, the margin kept free, refusals change "
+           "nothing, cached prefix tokens skipped, unused cached blocks evicted to make room")
+
+
+# ---- exercise 7.2: preemption -----------------------------------------------------------------
+
+@check
+def check_choose_victim(cls) -> None:
+    """choose_victim(scheduled): the newest running sequence not yet scheduled in this step."""
+    for count in (2, 3, 5):
+        sched = _scheduler(cls, num_blocks=4)
+        sched.running = [_sequence(i, [i]) for i in range(count)]
+        for done in range(count):
+            scheduled = {count - 1 - j for j in range(done)}
+            got = sched.choose_victim(scheduled)
+            want = sched.running[count - 1 - done]
+            if got is not want:
+                got_id = getattr(got, "seq_id", got)
+                if got is sched.running[0]:
+                    hint = OLDEST
+                elif got_id in scheduled:
+                    hint = "that one already has its room for this step: skip the ids in `scheduled`"
+                else:
+                    hint = OLDEST
+                fail(f"running ids {[s.seq_id for s in sched.running]} (oldest first), scheduled "
+                     f"{sorted(scheduled)}: choose_victim picked id", want.seq_id, got_id, hint)
+    passed("choose_victim: always the newest running sequence that is not yet scheduled this step")
+
+
+def _preempt_case(cls, mode: str, prefix: bool = False):
+    sched = _scheduler(cls, num_blocks=16, block_size=4, prefix=prefix, preemption=mode)
+    old, new = _sequence(0, seeded_tokens(9, seed=1)), _sequence(1, seeded_tokens(10, seed=2))
+    for seq in (old, new):
+        _run_prefill(sched, seq)
+        seq.tokens.append(5)                 # one sampled token, not yet computed
+    return sched, old, new
+
+
+@check
+def check_preempt(cls) -> None:
+    """preempt(seq): frees (or swaps out) the victim's blocks; a recomputed victim goes back to the
+    front of the waiting queue to re-prefill all its tokens; a swapped one keeps its progress."""
+    from engine.serve.request import Status
+    sched, old, new = _preempt_case(cls, "recompute")
+    free_before = sched.cache.allocator.num_free
+    mode = sched.preempt(new)
+    expect_equal(mode, "recompute", "preempt with SchedulerConfig(preemption='recompute') returned",
+                 "return self.preemption_mode(seq), the mode it used")
+    if new.seq_id in sched.cache.tables or sched.cache.allocator.num_free != free_before + 3:
+        fail("after preempt by recompute of a sequence holding 3 blocks, (still in the cache?, free blocks)",
+             (False, free_before + 3), (new.seq_id in sched.cache.tables, sched.cache.allocator.num_free),
+             LEAKED)
+    if new.num_computed != 0:
+        fail("after preempt by recompute, num_computed of the victim", 0, new.num_computed, NOT_RESET)
+    expect_equal(len(new.tokens), 11, "after preempt by recompute, the victim's tokens (10 prompt + 1 output)",
+                 NOT_RESET)
+    expect_equal((new.status, [s.seq_id for s in sched.waiting], [s.seq_id for s in sched.running]),
+                 (Status.WAITING, [1], [0]), "after preempt by recompute: (status, waiting ids, running ids)",
+                 "take it out of self.running, mark it WAITING and put it at the FRONT of self.waiting")
+    sched.preempt(old)
+    expect_equal([s.seq_id for s in sched.waiting], [0, 1], "preempting the newest, then the oldest: waiting ids",
+                 "appendleft: victims come newest first, so the older one must end up in front")
+    expect_equal(sched.preemptions, {"recompute": 2, "swap": 0}, "self.preemptions after two recomputes",
+                 "count each preemption under its mode")
+    # With a prefix cache, the victim's full blocks are published before they are freed.
+    sched, old, new = _preempt_case(cls, "recompute", prefix=True)
+    sched.preempt(new)
+    if not sched.prefix.entries:
+        fail("after preempt by recompute with a prefix cache, its cached blocks", "2 full blocks", "none",
+             "publish the victim (self.publish(seq)) before releasing it, so re-admission finds its "
+             "blocks in the prefix cache")
+    # Swap: the K/V go to the host, the progress stays.
+    sched, old, new = _preempt_case(cls, "swap")
+    free_before = sched.cache.allocator.num_free
+    mode = sched.preempt(new)
+    expect_equal(mode, "swap", "preempt with SchedulerConfig(preemption='swap') returned")
+    if new.seq_id not in sched.cache.swapped or sched.cache.allocator.num_free != free_before + 3:
+        fail("after preempt by swap of a sequence holding 3 blocks, (swapped out in the cache?, free blocks)",
+             (True, free_before + 3), (new.seq_id in sched.cache.swapped, sched.cache.allocator.num_free),
+             LEAKED)
+    expect_equal((new.status, new.num_computed, [s.seq_id for s in sched.swapped], sched.swapped_tokens),
+                 (Status.SWAPPED, 10, [1], 10),
+                 "after preempt by swap: (status, num_computed, swapped ids, swapped_tokens)",
+                 "a swapped victim keeps num_computed (its K/V are on the host), is marked SWAPPED, "
+                 "appended to self.swapped, and self.swapped_tokens grows by its num_computed")
+    passed("preempt: recompute frees the blocks, publishes them first, resets num_computed to 0 and "
+           "queues the victim in front; swap moves the K/V to the host and keeps the progress")
+
+
+@check
+def check_reserve_or_preempt(cls) -> None:
+    """reserve_or_preempt(seq, count, scheduled): reserve; out of blocks, evict unused cached blocks
+    first, then preempt choose_victim's pick and retry; False when `seq` itself was the victim."""
+    from engine.serve.request import Status
+
+    def crowded():
+        sched = _scheduler(cls, num_blocks=11, block_size=4, prefix=True, preemption="recompute")
+        done = _sequence(9, seeded_tokens(4, seed=9) + [1])
+        _run_prefill(sched, done)
+        sched.publish(done)
+        sched.finish(done, "length")           # 1 full block cached, unused (the 5th token: freed)
+        seqs = [_sequence(i, seeded_tokens(12, seed=20 + i)) for i in range(3)]
+        for seq in seqs:
+            _run_prefill(sched, seq)           # 3 full blocks each: the next token needs a new block
+            seq.tokens.append(7)
+        return sched, seqs
+    def leaked(sched, seqs):
+        for seq in seqs:
+            if seq.status is not Status.RUNNING and seq.seq_id in sched.cache.tables:
+                fail(f"after reserve_or_preempt, sequence {seq.seq_id} is {seq.status.value} but still "
+                     f"holds {len(sched.cache.tables[seq.seq_id])} block(s)", hint=LEAKED)
+    sched, (a, b, c) = crowded()
+    ok = sched.reserve_or_preempt(a, 1, set())
+    expect_equal((ok, sched.preemptions["recompute"]), (True, 0),
+                 "1 block free, reserve one token for the oldest: (returned, preemptions)",
+                 "when reserve succeeds, return True and preempt nobody")
+    ok = sched.reserve_or_preempt(b, 1, {a.seq_id})
+    expect_equal((ok, sched.preemptions["recompute"], len(sched.prefix.entries)), (True, 0, 0),
+                 "no block free, one held only by the prefix cache: (returned, preemptions, cached blocks)",
+                 "evict unused prefix-cache blocks (self.evict_for(seq, count)) before preempting anyone")
+    ok = sched.reserve_or_preempt(c, 1, {a.seq_id, b.seq_id})
+    leaked(sched, (a, b, c))
+    expect_equal((ok, c.status), (False, Status.WAITING),
+                 "nothing free or evictable, the newest asks for a block: (returned, its status)",
+                 "the newest unscheduled sequence is `seq` itself: preempt it and return False")
+    sched, (a, b, c) = crowded()
+    sched.evict(sched.cache.allocator.num_blocks)       # nothing left to evict
+    sched.reserve_or_preempt(a, 1, set())
+    ok = sched.reserve_or_preempt(a, 9, set())           # two more blocks for the oldest, one free
+    leaked(sched, (a, b, c))
+    states = [s.status for s in (a, b, c)]
+    if states[0] is not Status.RUNNING and states[2] is Status.RUNNING:
+        fail("the oldest needs a block, nothing free: statuses (oldest, middle, newest)",
+             [Status.RUNNING, Status.RUNNING, Status.WAITING], states, OLDEST)
+    expect_equal((ok, states), (True, [Status.RUNNING, Status.RUNNING, Status.WAITING]),
+                 "the oldest needs a block, nothing free: (returned, statuses oldest to newest)",
+                 "preempt self.choose_victim(scheduled), then try the reserve again")
+    passed("reserve_or_preempt: reserves when it can, evicts unused cached blocks before preempting, "
+           "then preempts the newest and retries; returns False when the victim was the asker")
+
+
+# ---- exercise 7.3: swap out and swap in ---------------------------------------------------------
+
+def _logical_blocks(cache, seq: int) -> list[list[torch.Tensor]]:
+    return [[pool[b].clone() for pool in list(cache.k_pools) + list(cache.v_pools)] for b in cache.tables[seq]]
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@check
+def check_swap(cache_cls, block_size: int = 4) -> None:
+    """swap_out / swap_in: every logical block's K/V come back into the same logical place, in other
+    physical blocks; blocks are released on the way out; a swap-in that cannot fit changes nothing."""
+    from engine.generate import cached_step, scratch_logits
+    bs, model = block_size, tiny()
+    cache = cache_cls(model.config, 24, block_size=bs)
+    seqs = {0: seeded_tokens(3 * bs - 1, seed=1), 1: seeded_tokens(bs + 2, seed=2)}
+    for s, tokens in seqs.items():
+        cache.create(s)
+        cached_step(model, cache, [s], [tokens])
+    cache.fork(1, 2)
+    seqs[2] = list(seqs[1])
+    saved, free = _logical_blocks(cache, 0), cache.allocator.num_free
+    moved = cache.swap_out(0)
+    expect_equal(moved, 3, f"swap_out of a {3 * bs - 1}-token sequence in blocks of {bs}: blocks copied")
+    if 0 in cache.tables or cache.allocator.num_free != free + 3:
+        fail("after swap_out(0): (sequence 0 still has a table?, free blocks)", (False, free + 3),
+             (0 in cache.tables, cache.allocator.num_free), "release every block of the table and drop it")
+    expect_equal(cache.length(0), 3 * bs - 1, "after swap_out(0): length(0)",
+                 "keep the length in the SwappedSequence, so length() and swap_in know it")
+    cache.create(3)                                            # churn: the freed blocks go elsewhere
+    cached_step(model, cache, [3], [seeded_tokens(2 * bs, seed=3)])
+    seqs[3] = seeded_tokens(2 * bs, seed=3)
+    cache.swap_in(0)
+    restored = _logical_blocks(cache, 0)
+    for i, want in enumerate(saved):
+        if not _same(restored[i], want):
+            elsewhere = [j for j, got in enumerate(restored) if _same(got, want)]
+            hint = WRONG_ORDER if elsewhere else ("copy every layer's K and V of each saved block into "
+                                                  "the pools at the new block ids")
+            where = f"logical block {elsewhere[0]}" if elsewhere else "no block"
+            fail(f"after swap_out(0), other allocations, swap_in(0): the K/V saved from logical block {i} "
+                 f"are now in", f"logical block {i}", where, hint)
+    # A shared sequence swaps out without taking its sharer's blocks, and comes back private.
+    shared = list(cache.tables[1])
+    cache.swap_out(2)
+    expect_equal([cache.allocator.refcount(b) for b in shared], [1] * len(shared),
+                 "sequence 2, a fork of 1, swapped out: refcounts of 1's blocks",
+                 "release each block once (refcount - 1): sequence 1 still owns them")
+    cache.swap_in(2)
+    for s in (0, 1, 2, 3):
+        new = [100 + s, 101 + s]
+        got = cached_step(model, cache, [s], [new])[0]
+        seqs[s] = seqs[s] + new
+        want = scratch_logits(model, [seqs[s]])[0][-2:]
+        hint = WRONG_ORDER if s == 0 else "a swapped sequence must read back exactly its own history"
+        compare_logits(got, want, f"after swap out and in, sequence {s} decoding two tokens",
+                       first_position=len(seqs[s]) - 2, hint=hint)
+    cache.swap_out(0)
+    while cache.allocator.num_free:                            # no room left to come back into
+        cache.create(10 + cache.allocator.num_free)
+        cache.reserve(10 + cache.allocator.num_free, bs)
+    free, tables = cache.allocator.num_free, dict(cache.tables)
+    try:
+        cache.swap_in(0)
+    except MemoryError:
+        pass
+    else:
+        fail("swap_in(0) with no free block", "OutOfBlocks (a MemoryError)", "no error",
+             "check the free blocks first and raise OutOfBlocks(wanted, free) before changing anything")
+    expect_equal((0 in cache.swapped, cache.allocator.num_free, dict(cache.tables)), (True, free, tables),
+                 "after a swap_in that could not fit: (still swapped out?, free blocks, tables)",
+                 "a failed swap_in must change nothing, so the scheduler can retry later")
+    for s in list(cache.tables) + list(cache.swapped):
+        cache.free(s)
+    expect_equal(cache.allocator.num_free, 24, "after freeing every sequence: free blocks",
+                 "swap_in must allocate exactly the blocks it fills")
+    passed(f"swap (blocks of {bs}): K/V restored block for block into other physical blocks, a shared "
+           f"sequence swaps without touching its sharer, logits match from-scratch runs within {ATOL:g}, "
+           "a swap-in that cannot fit changes nothing, nothing leaks")
+
+
+# ---- exercise 7.4: n samples, one prefill ----------------------------------------------------------
+
+def _engine(sched_cls, cache, config=None, **kwargs):
+    """The real Engine over `cache`, with the learner's scheduler class in place of the engine's."""
+    from engine.serve.engine import Engine
+    engine = Engine(tiny(), cache, config, **kwargs)
+    engine.scheduler = sched_cls(cache, engine.scheduler.config, engine.scheduler.prefix)
+    return engine
+
+
+def _solo(prompt, params, seed, block_size):
+    from engine.cache.paged import PagedKVCache
+    from engine.serve.engine import Engine
+    engine = Engine(tiny(), PagedKVCache(tiny().config, 64, block_size=block_size), prefix_caching=False)
+    return engine.generate([prompt], params, seeds=[seed])[0].outputs[0]
+
+
+@check
+def check_parallel_sampling(cls, n: int = 4, seed: int = 100) -> None:
+    """A request for n samples: one prefill, then n sequences that share the prompt's full blocks, each
+    drawing with seed + i; every sample equals a solo run of the same request with that seed."""
+    from engine.cache.paged import PagedKVCache
+    from engine.sampling import SamplingParams
+    bs = 4
+    prompt = seeded_tokens(3 * bs + 1, seed=11)
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, ignore_eos=True)
+    cache = PagedKVCache(tiny().config, 32, block_size=bs)
+    engine = _engine(cls, cache, prefix_caching=False)
+    request = engine.add_request(prompt, params, seed=seed, n=n)
+    engine.step()
+    expect_equal(len(request.sequences), n, f"after the prefill step of a request for n={n}: its sequences",
+                 "fork_samples must create n - 1 new sequences and append each to request.sequences")
+    ids = [s.seq_id for s in request.sequences]
+    if len(set(ids)) != n or not all(i in cache.tables for i in ids):
+        fail("after the prefill step: sequence ids with a table in the cache", f"{n} distinct", ids,
+             "give each child next(new_ids) and cache.fork(seq.seq_id, child.seq_id)")
+    full = [cache.tables[ids[0]][i] for i in range(3)]
+    expect_equal([cache.allocator.refcount(b) for b in full], [n] * 3,
+                 f"after the prefill step: refcounts of the prompt's 3 full blocks",
+                 f"each child shares every block of the parent (cache.fork): {n} owners each")
+    expect_equal(cache.allocator.num_free, 32 - 4, "after the prefill step: free blocks",
+                 "a fork allocates nothing: the prompt's 4 blocks are stored once")
+    if any(s.tokens is request.sequences[0].tokens for s in request.sequences[1:]):
+        fail("a child's token list is the parent's list itself",
+             hint="give each child a copy, list(seq.tokens): every sample appends its own tokens")
+    engine.run()
+    solos = [_solo(prompt, params, seed + i, bs) for i in range(n)]
+    for i, sample in enumerate(request.outputs):
+        if sample != solos[i]:
+            same = [j for j in range(n) if solos[j] == sample]
+            hint = (f"it drew what seed {seed + same[0]} draws: " if same else "") + (
+                f"sample i must draw from its own generator, make_generator(request.seed + i)")
+            fail(f"sample {i} of a request for n={n} with seed {seed}, compared with a solo run with seed "
+                 f"{seed + i}", solos[i], sample, hint)
+    if len({tuple(o) for o in request.outputs}) < 2:
+        fail(f"{n} samples with different seeds all drew {request.outputs[0]}",
+             hint="each sample needs its own generator, seeded request.seed + i")
+    expect_equal(cache.allocator.num_free, 32, "after every sample finished: free blocks")
+    passed(f"parallel sampling: one prefill, {n} samples sharing the prompt's 3 full blocks (refcount {n}), "
+           f"each equal to a solo run with its own seed")
+
+
+# ---- the milestone -------------------------------------------------------------------------------
+
+def _diagnose_leak(engine) -> str:
+    cache = engine.cache
+    for request in engine.requests.values():
+        for seq in request.sequences:
+            if seq.seq_id in cache.tables and seq.status.value != "running":
+                return (f"sequence {seq.seq_id} is {seq.status.value} but still holds "
+                        f"{len(cache.tables[seq.seq_id])} block(s): {LEAKED}")
+    return LEAKED
+
+
+def pressure_run(sched_cls, cache_cls, block_size: int = 4, seed: int = 0, abort: bool = True):
+    """The milestone's workload: ragged prompts on a pool that holds about two of them, greedy, >= 20
+    decode steps each, one request aborted on the way. Returns (engine, requests, aborted id)."""
+    from engine.sampling import SamplingParams
+    from engine.serve.scheduler import SchedulerConfig
+    bs = block_size
+    lengths = [bs - 1, bs, bs + 1, 2 * bs + 1, 3 * bs + 2, 4 * bs + 3]
+    prompts = [seeded_tokens(n, seed=seed * 100 + i) for i, n in enumerate(lengths)]
+    params = SamplingParams(max_tokens=21, ignore_eos=True)
+    # Room for the longest request plus 4 blocks; victims of 6 blocks or more swap, shorter ones recompute.
+    cache = cache_cls(tiny().config, -(-(4 * bs + 3 + 21) // bs) + 4, block_size=bs)
+    config = SchedulerConfig(max_batched_tokens=4 * bs, margin_blocks=1, watermark=0.0,
+                             preemption="auto", swap_min_tokens=6 * bs)
+    engine = _engine(sched_cls, cache, config, keep_logits=True)
+    engine.swapped_out = set()                 # which sequences went through swap, for the hints
+    swap_out = cache.swap_out
+
+    def recording_swap_out(seq):
+        engine.swapped_out.add(seq)
+        return swap_out(seq)
+    cache.swap_out = recording_swap_out
+    requests = [engine.add_request(p, params) for p in prompts]
+    victim = requests[2].request_id if abort else None
+    steps = 0
+    while engine.has_unfinished():
+        try:
+            engine.step()
+        except ValueError as error:
+            if "reserved room" in str(error):
+                fail(f"engine step {steps + 1}: the forward wrote where nothing was reserved ({error})",
+                     hint=NO_RESERVE)
+            if "already exists" in str(error):
+                fail(f"engine step {steps + 1}: a sequence coming back found itself still in the cache "
+                     f"({error})", hint=LEAKED)
+            raise
+        except RuntimeError as error:
+            if "stuck" in str(error):
+                fail(f"engine step {steps + 1}: {error}", hint=_diagnose_leak(engine))
+            raise
+        steps += 1
+        if steps == 12 and victim is not None:
+            engine.abort(victim)
+        if steps > 2000:
+            fail("the engine ran 2000 steps without finishing", hint="is a preempted sequence ever "
+                 "admitted again? (recompute: front of self.waiting; swap: self.swapped)")
+    return engine, requests, victim
+
+
+@check
+def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed: int = 0) -> None:
+    """The milestone: your scheduler and your swap in the real engine, a pool so small that requests
+    are preempted by both recompute and swap; every output equals its solo run, every logit a
+    from-scratch run within 1e-5, and no block leaks once everything finished or was aborted."""
+    from engine.generate import generate, scratch_logits
+    engine, requests, victim = pressure_run(sched_cls, cache_cls, block_size, seed)
+    sched = engine.scheduler
+    kept = [r for r in requests if r.request_id != victim]
+    solos = generate(tiny(), [r.prompt for r in kept], kept[0].params)   # from scratch, one batch
+    for request, generation in zip(kept, solos):
+        seq, solo = request.sequences[0], generation.tokens
+        if seq.seq_id in engine.swapped_out:
+            hint = WRONG_ORDER
+        elif seq.preemptions:
+            hint = NOT_RESET
+        else:
+            hint = "it was never preempted: did admit or reserve_or_preempt schedule the right tokens?"
+        what = (f"request {request.request_id} ({len(request.prompt)}-token prompt, preempted "
+                f"{seq.preemptions} time(s){', swapped' if seq.seq_id in engine.swapped_out else ''})")
+        if len(seq.logits) != len(seq.output):
+            fail(f"{what}: logit rows kept vs output tokens", len(seq.output), len(seq.logits), NOT_RESET)
+        want = scratch_logits(tiny(), [seq.tokens])[0][seq.prompt_len - 1:-1]
+        compare_logits(torch.stack(seq.logits), want, what, first_position=seq.prompt_len - 1, hint=hint)
+        expect_equal(request.outputs[0], solo, f"{what}: its output against a solo run", hint)
+    cache = engine.cache
+    if cache.tables or cache.swapped:
+        fail("after every request finished or was aborted, sequences still in the cache",
+             [], sorted(list(cache.tables) + list(cache.swapped)), _diagnose_leak(engine))
+    if sched.prefix is not None:
+        sched.prefix.reset()
+    expect_equal(cache.allocator.num_free, cache.allocator.num_blocks,
+                 "after everything finished and the prefix cache was emptied: free blocks", hint=LEAKED)
+    if not (sched.preemptions["recompute"] and sched.preemptions["swap"]):
+        fail("a pool that holds about two of six requests, preemption='auto': preemptions by mode",
+             "both recompute and swap > 0", sched.preemptions,
+             "preempt must use self.preemption_mode(seq) and count each preemption in self.preemptions")
+    passed(f"serving under pressure (blocks of {block_size}): {sched.preemptions['recompute']} recompute "
+           f"and {sched.preemptions['swap']} swap preemptions, one request aborted; every output equals its "
+           f"solo run, every logit a from-scratch run within {ATOL:g}; no block leaked")
