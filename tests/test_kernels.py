@@ -26,7 +26,8 @@ needs_triton = pytest.mark.skipif(not attention_pkg.triton_installed(), reason="
 
 if attention_pkg.triton_installed():
     attention_pkg.prepare_triton()  # TRITON_INTERPRET=1 without CUDA, before the kernel modules define kernels
-    from engine.attention.triton_decode import paged_decode
+    from engine.attention.triton_decode import merge_partials, paged_decode, paged_decode_per_head, split_partials
+    from engine.attention.triton_primer import gather_rows
     from engine.attention.triton_prefill import paged_prefill
 
 BS = 16
@@ -206,6 +207,67 @@ def test_tail_mask_keeps_garbage_out(num_splits):
     one_too_many = torch.tensor([[n] for n in lens], device=DEVICE)
     overread = paged_decode(q, k_pool, v_pool, tables, one_too_many, kv_lens + 1, num_splits=num_splits)
     assert overread[:, :, 0].isnan().any(dim=-1).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("group, block_size, block_n", [(1, 16, 64), (2, 5, 16), (4, 4, 8)])
+def test_per_head_kernel_matches_reference(group, block_size, block_n, dtype):
+    """The chapter's kernel (one program per query head): scrambled tables, tiles that cut blocks, GQA."""
+    lens = [1, block_size - 1 or 1, block_size + 1, 2 * block_size + 1, 40]
+    k_pool, v_pool, tables, kv_lens = make_pool(lens, block_size=block_size, dtype=dtype)
+    q = make_queries(len(lens), 2 * group, 1, 32, dtype)
+    positions = decode_positions(kv_lens)
+    positions[-1] = 30  # a query that sees fewer keys than are stored
+    out = paged_decode_per_head(q, k_pool, v_pool, tables, positions, kv_lens, block_n=block_n)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert_close(out, paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens), dtype)
+
+
+@needs_triton
+def test_per_head_kernel_ignores_garbage_and_rejects_odd_head_dims():
+    """NaN in every slot no sequence owns changes nothing; a head_dim that is not a power of 2 is refused."""
+    lens = [3, 9]
+    k_pool, v_pool, tables, kv_lens = make_pool(lens, kv_heads=1, block_size=4, pad=0)
+    q = make_queries(2, 2, 1, 32, torch.float32)
+    positions = decode_positions(kv_lens)
+    clean = paged_decode_per_head(q, k_pool, v_pool, tables, positions, kv_lens, block_n=8)
+    used = torch.zeros(k_pool.shape[0], 4, dtype=torch.bool, device=DEVICE)
+    for row, n in enumerate(lens):
+        for p in range(n):
+            used[tables[row, p // 4], p % 4] = True
+    for pool in (k_pool, v_pool):
+        pool.masked_fill_(~used[:, None, :, None], float("nan"))
+    dirty = paged_decode_per_head(q, k_pool, v_pool, tables, positions, kv_lens, block_n=8)
+    torch.testing.assert_close(dirty, clean, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="head_dim to be a power of 2, got 24"):
+        paged_decode_per_head(q[..., :24], k_pool[..., :24], v_pool[..., :24], tables, positions, kv_lens)
+
+
+@needs_triton
+def test_torch_merge_of_split_partials_equals_unsplit():
+    """merge_partials (the merge kernel's spec) over the split kernel's partials gives the unsplit output."""
+    lens = [2, BS + 1, 70]
+    k_pool, v_pool, tables, kv_lens = make_pool(lens, kv_heads=1)
+    q = make_queries(3, 2, 1, 32, torch.float32)
+    positions = decode_positions(kv_lens)
+    m, l, acc = split_partials(q, k_pool, v_pool, tables, positions, kv_lens, num_splits=4)
+    assert (m[0, :, 1:] == float("-inf")).all() and (l[0, :, 1:] == 0).all()  # 2 keys: one tile, 3 empty splits
+    merged = merge_partials(m, l, acc)[..., :32].unsqueeze(2)
+    assert_close(merged, paged_decode(q, k_pool, v_pool, tables, positions, kv_lens), torch.float32)
+    empty = merge_partials(torch.full((1, 3), float("-inf")), torch.zeros(1, 3), torch.zeros(1, 3, 4))
+    assert torch.equal(empty, torch.zeros(1, 4))  # every split empty: zeros, not NaN
+
+
+@needs_triton
+def test_primer_gather_rows():
+    """The primer's kernel: rows through an index, edges masked, nothing outside out[:rows, :cols] touched."""
+    x = torch.randn(9, 5, device=DEVICE)
+    index = torch.tensor([8, 0, 3, 3, 7, 1, 2], device=DEVICE)
+    buffer = torch.full((10, 8), -7.0, device=DEVICE)
+    gather_rows(x, index, out=buffer[:7, :5], block_rows=4)
+    assert torch.equal(buffer[:7, :5], x[index])
+    assert (buffer[7:] == -7).all() and (buffer[:, 5:] == -7).all()
 
 
 # ----- the prefill kernel -------------------------------------------------------------------------

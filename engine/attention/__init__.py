@@ -13,7 +13,8 @@ import sys
 
 import torch
 
-KERNEL_MODULES = ("engine.attention.triton_decode", "engine.attention.triton_prefill")
+KERNEL_MODULES = ("engine.attention.triton_decode", "engine.attention.triton_prefill",
+                  "engine.attention.triton_primer")
 BACKENDS = ("auto", "torch", "triton")
 
 
@@ -65,6 +66,58 @@ def prepare_triton() -> bool:
     """Check Triton is installed and choose interpreter or GPU; the kernel modules call it before `import triton`."""
     require_triton()
     return use_interpreter_without_gpu()
+
+
+class _Unavailable:
+    """Stands in for `triton` and `triton.language` where Triton is not installed (macOS, Windows).
+
+    Kernels still *define* (`@triton.jit` returns a stand-in, `tl.constexpr` is a name), so a
+    notebook's other cells run; launching one raises TritonUnavailable, which says why.
+    """
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr == "jit":
+            return _unavailable_kernel
+        return _Unavailable(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        require_triton()
+
+
+class _UnavailableKernel:
+    """What `@triton.jit` gives without Triton: indexing it with a grid and launching raises."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "kernel")
+
+    def __getitem__(self, grid):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        require_triton()
+
+
+def _unavailable_kernel(fn=None, **kwargs):
+    return _UnavailableKernel(fn) if fn is not None else _UnavailableKernel
+
+
+def triton_modules():
+    """(triton, triton.language) for a notebook: the real ones, or stand-ins where Triton cannot install.
+
+    With Triton, this first turns on the interpreter when there is no CUDA device (before any
+    kernel is defined). Without it, kernels defined with the stand-ins raise TritonUnavailable
+    when launched, and everything that does not launch a kernel still works.
+    """
+    if not triton_installed():
+        return _Unavailable("triton"), _Unavailable("triton.language")
+    prepare_triton()
+    import triton
+    import triton.language as tl
+    return triton, tl
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: int, device: torch.device) -> int:

@@ -9,6 +9,12 @@ each program takes one slice of the history and writes a partial result (m, l, a
 kernel merges the slices by log-sum-exp.
 
 `attend_pages` is the inner loop shared with the prefill kernel (triton_prefill.py).
+
+`paged_decode_head_kernel` is the simplest correct paged decode kernel: one program per
+(sequence, query head), no tl.dot. It is the kernel chapter 6 has the learner write, and
+`paged_decode_per_head` launches it (or a learner's kernel with the same signature). The
+grouped kernel above is what `engine.attention.paged_attention` runs: it reads each K/V tile
+once per KV group instead of once per query head.
 """
 
 from __future__ import annotations
@@ -27,6 +33,46 @@ import triton.language as tl  # noqa: E402
 from engine.attention.paged_reference import check_paged_inputs, check_table_covers  # noqa: E402
 
 MIN_DOT = 16  # tl.dot needs every tile side >= 16 to compile on a GPU (the interpreter accepts less)
+
+
+@triton.jit
+def paged_decode_head_kernel(q_ptr, k_pool, v_pool, tables_ptr, lengths_ptr, out_ptr, group, scale,
+                             s_qb, s_qh, s_ob, s_oh, s_tb, s_kn, s_kh, s_ks, s_vn, s_vh, s_vs,
+                             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Grid (B, Hq): program (b, h) attends query head h of sequence b over keys 0..lengths[b]-1.
+
+    Row b of q and out starts at b * s_qb (s_ob), head h at h * s_qh (s_oh); the HEAD_DIM values
+    of a vector are contiguous. Pools are [N, Hkv, BLOCK_SIZE, HEAD_DIM] with strides s_kn, s_kh,
+    s_ks (s_vn, s_vh, s_vs). Position p lives in physical block tables[b, p // BLOCK_SIZE] (row b
+    of the table starts at b * s_tb), at slot p % BLOCK_SIZE. Query head h reads KV head h // group.
+    Visit the keys BLOCK_N positions at a time with an online softmax in float32; scale = 1/sqrt(D).
+    """
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // group                        # grouped-query attention: `group` heads share one
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + seq * s_qb + head * s_qh + dims).to(tl.float32) * scale
+    length = tl.load(lengths_ptr + seq)
+    m = tl.full((), float("-inf"), tl.float32)     # running max of the scores seen so far
+    l = tl.zeros((), tl.float32)                   # running sum of exp(score - m)
+    acc = tl.zeros((HEAD_DIM,), tl.float32)        # running sum of exp(score - m) * value
+    for start in range(0, length, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        valid = pos < length                       # the tail of the last tile is not this sequence's
+        block = tl.load(tables_ptr + seq * s_tb + pos // BLOCK_SIZE, mask=valid, other=0)
+        slot = pos % BLOCK_SIZE
+        k_rows = k_pool + block.to(tl.int64) * s_kn + kv_head * s_kh + slot * s_ks
+        v_rows = v_pool + block.to(tl.int64) * s_vn + kv_head * s_vh + slot * s_vs
+        k = tl.load(k_rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        scores = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        alpha = tl.exp(m - m_new)                  # rescales what was summed against the old max
+        p = tl.exp(scores - m_new)
+        l = l * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(out_ptr + seq * s_ob + head * s_oh + dims, (acc / l).to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -241,14 +287,86 @@ def paged_decode(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_spli
             group, head_dim, scale, *q_strides, out.stride(0), out.stride(1), out.stride(3),
             block_tables.stride(0), *pool_strides, **shared)
         return out
-    # Partials in float32; acc rows are D_PAD wide so the merge can load them without a dim stride.
+    m, l, acc = split_partials(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_splits, block_n,
+                               checked=True)
+    merge_splits_kernel[(batch, q_heads)](
+        m, l, acc, out, q_heads, num_splits, head_dim, out.stride(0), out.stride(1), out.stride(3),
+        SPLITS_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad)
+    return out
+
+
+def split_partials(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_splits: int,
+                   block_n: int | None = None, checked: bool = False):
+    """Split-K's first half: each of `num_splits` slices of every history, attended on its own.
+
+    Returns float32 partials m, l [B, Hq, S] (each slice's max score and sum of exp(score - m))
+    and acc [B, Hq, S, D_PAD] (sum of exp(score - m) * value, unnormalized); a slice past a short
+    sequence's end is empty: m = -inf, l = 0, acc = 0. `merge_partials` (or the merge kernel)
+    combines them into the attention output.
+    """
+    if not checked:
+        check_paged_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
+        check_runnable(q, block_tables, kv_lens, k_pool.shape[2])
+        block_tables, q_positions, kv_lens = (block_tables.contiguous(), q_positions.contiguous(),
+                                              kv_lens.contiguous())
+    batch, q_heads, _, head_dim = q.shape
+    kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
+    tile_n, d_pad, group_pad = tile_sizes(block_size, head_dim, q_heads // kv_heads)
     m = torch.empty(batch, q_heads, num_splits, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     acc = torch.empty(batch, q_heads, num_splits, d_pad, device=q.device, dtype=torch.float32)
     paged_decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_pool, v_pool, block_tables, q_positions, kv_lens, m, l, acc,
-        group, head_dim, scale, num_splits, *q_strides, block_tables.stride(0), *pool_strides, **shared)
-    merge_splits_kernel[(batch, q_heads)](
-        m, l, acc, out, q_heads, num_splits, head_dim, out.stride(0), out.stride(1), out.stride(3),
-        SPLITS_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad)
+        q_heads // kv_heads, head_dim, 1.0 / math.sqrt(head_dim), num_splits,
+        q.stride(0), q.stride(1), q.stride(3), block_tables.stride(0), *k_pool.stride(), *v_pool.stride(),
+        GROUP_PAD=group_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n or tile_n, D_PAD=d_pad,
+        PRECISION=dot_precision(q.dtype))
+    return m, l, acc
+
+
+def merge_partials(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    """Split-K's second half in torch: combine S partial softmaxes into one output (the merge kernel's spec).
+
+    m, l [..., S] and acc [..., S, D] as `split_partials` returns them; returns [..., D] in float32.
+    Slice s summed its exponentials against its own max m_s; against the global max M they are
+    worth exp(m_s - M) times as much. Empty slices (m_s = -inf, l_s = 0) weigh 0, and a row
+    whose slices are all empty comes back as zeros, never NaN.
+    """
+    top = m.amax(dim=-1, keepdim=True)
+    top = torch.where(top == float("-inf"), torch.zeros_like(top), top)  # all empty: exp(-inf) = 0
+    weight = torch.exp(m - top)                                          # [..., S]
+    total = (weight * l).sum(dim=-1, keepdim=True)
+    merged = (weight[..., None] * acc).sum(dim=-2)
+    return merged / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def paged_decode_per_head(q, k_pool, v_pool, block_tables, q_positions, kv_lens, kernel=None,
+                          block_n: int | None = None) -> torch.Tensor:
+    """Decode attention of q [B, Hq, 1, D] through `paged_decode_head_kernel`; returns [B, Hq, 1, D].
+
+    `kernel` is any Triton kernel with that kernel's signature (the chapter passes the learner's).
+    Each row sees its keys 0..min(position, kv_len - 1); a padding row (position -1) sees key 0,
+    as in the torch reference. D must be a power of 2; block_n (keys per tile, default 64) too.
+    """
+    check_paged_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
+    if q.shape[2] != 1:
+        raise ValueError(f"decode takes one query per sequence (T=1), got T={q.shape[2]}")
+    batch, q_heads, _, head_dim = q.shape
+    block_n = block_n or 64
+    for name, size in (("head_dim", head_dim), ("block_n", block_n)):
+        if size < 1 or size & (size - 1):
+            raise ValueError(f"the per-head kernel needs {name} to be a power of 2, got {size}")
+    check_runnable(q, block_tables, kv_lens, k_pool.shape[2])
+    # The kernel takes each row's number of visible keys, and vectors whose head_dim values are contiguous.
+    lengths = torch.minimum(q_positions[:, 0] + 1, kv_lens).clamp(min=1).contiguous()
+    q, k_pool, v_pool = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_pool, v_pool))
+    block_tables = block_tables.contiguous()
+    out = torch.empty(batch, q_heads, 1, head_dim, device=q.device, dtype=q.dtype)
+    if batch == 0:
+        return out
+    (kernel or paged_decode_head_kernel)[(batch, q_heads)](
+        q, k_pool, v_pool, block_tables, lengths, out, q_heads // k_pool.shape[1], 1.0 / math.sqrt(head_dim),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), v_pool.stride(0), v_pool.stride(1),
+        v_pool.stride(2), HEAD_DIM=head_dim, BLOCK_SIZE=k_pool.shape[2], BLOCK_N=block_n)
     return out

@@ -1,0 +1,553 @@
+"""Chapter 6's checks: a primer kernel, the paged decode kernel, split-K's merge, review answers.
+
+The kernel checks launch the learner's Triton kernel through the engine's launchers
+(`engine.attention.triton_primer.gather_rows`, `engine.attention.triton_decode.paged_decode_per_head`)
+and compare with torch. When a result is wrong they recompute, in torch, what each classic bug
+would have produced on the same inputs, and the hint names the bug whose output matches.
+
+Without a GPU the kernels run in Triton's interpreter on the CPU; with one they run compiled (the
+tensors go to CUDA for the launch). Where Triton cannot be installed (macOS, Windows) the kernel
+checks fail with a message that says so, and the others still run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from engine.attention import triton_installed
+from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.seeded import seeded_tokens
+
+NO_TRITON = ("Triton is not available on this platform (it ships Linux wheels only), so this kernel "
+             "cannot run here. Run the chapter on Linux, in WSL2, or in a hosted notebook (Colab, Kaggle)")
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3}
+SENTINEL = -7.0          # what the primer's output buffer holds wherever nothing may be written
+
+
+def _need_triton() -> None:
+    if not triton_installed():
+        fail(NO_TRITON)
+
+
+def _device() -> torch.device:
+    """Where a kernel launch runs: CUDA when the kernels are compiled, else the CPU (interpreter)."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()
+    return torch.device("cpu" if interpreted else "cuda")
+
+
+def launch(fn, *args, **kwargs):
+    """Call a launcher; a stub kernel's NotImplementedError comes back as itself.
+
+    Triton's interpreter wraps an exception raised inside a kernel in an InterpreterError, and the
+    compiler refuses a `raise` outright; either way the learner should read "not implemented yet".
+    """
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        cause = exc
+        while cause is not None and not isinstance(cause, NotImplementedError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from None
+        if "NotImplementedError" in str(exc):
+            raise NotImplementedError(f"the kernel still raises NotImplementedError ({type(exc).__name__})") from None
+        raise
+
+
+def _show(t: torch.Tensor, digits: int = 2) -> str:
+    """A small tensor as aligned text, one row per line (for expected/got displays)."""
+    t = t.detach().cpu()
+    if t.ndim == 1:
+        t = t[None]
+    cells = [[("nan" if math.isnan(v) else f"{v:.{digits}f}") if isinstance(v, float) else str(v)
+              for v in row] for row in t.tolist()]
+    width = max(len(c) for row in cells for c in row)
+    return "\n".join("    " + " ".join(c.rjust(width) for c in row) for row in cells)
+
+
+# ---- the primer: gather rows through an index ----------------------------------------------------
+
+def _gather_case(x_rows: int, cols: int, index: list[int], block_rows: int, seed: int):
+    """x, index and out as views into guarded buffers: NaN right of x's columns, SENTINEL around out."""
+    gen = torch.Generator().manual_seed(seed)
+    block_cols = 1 << max(cols - 1, 0).bit_length()
+    x_buf = torch.full((x_rows, block_cols + 4), float("nan"))
+    x_buf[:, :cols] = torch.randn(x_rows, cols, generator=gen).round(decimals=1)
+    rows = len(index)
+    idx_buf = torch.zeros(rows + 2 * block_rows, dtype=torch.long)       # past the end: row 0
+    idx_buf[:rows] = torch.tensor(index)
+    out_buf = torch.full((rows + 2 * block_rows, block_cols + 4), SENTINEL)
+    return x_buf, idx_buf, out_buf, rows, cols
+
+
+def _gather_bugs(x_buf, idx_buf, rows, cols, block_rows, out_shape):
+    """(hint, what the out buffer would hold) for each classic bug of the primer kernel."""
+    block_cols = 1 << max(cols - 1, 0).bit_length()
+    index = idx_buf[:rows]
+    right = torch.full(out_shape, SENTINEL)
+    right[:rows, :cols] = x_buf[index, :cols]
+    bugs = []
+    ignored = right.clone()
+    ignored[:rows, :cols] = x_buf[torch.arange(rows) % x_buf.shape[0], :cols]
+    bugs.append(("row r of out came from row r of x: load index[r] first and read row index[r] of x "
+                 "(the index is the block table of this toy)", ignored))
+    flat = x_buf.flatten()
+    stride = right.clone()
+    addr = index[:, None] * cols + torch.arange(cols)[None, :]
+    stride[:rows, :cols] = flat[addr]
+    bugs.append(("the rows come from the wrong addresses: row i of x starts at x_ptr + i * s_x "
+                 "(its stride), not i * cols; x here is a view whose rows are further apart", stride))
+    first = right.clone()
+    first[block_rows:rows, :cols] = SENTINEL
+    bugs.append(("only the first tile of rows was written: every program must offset its rows by "
+                 "tl.program_id(0) * BLOCK_ROWS", first))
+    padded_rows = -(-rows // block_rows) * block_rows
+    no_row_mask = right.clone()
+    no_row_mask[rows:padded_rows, :cols] = x_buf[idx_buf[rows:padded_rows], :cols]
+    bugs.append((f"it wrote rows {rows}..{padded_rows - 1}, past the last row: the last tile is only "
+                 "partly inside out; mask the store (and the index load) with r < rows", no_row_mask))
+    no_col_mask = right.clone()
+    no_col_mask[:rows, :block_cols] = x_buf[index, :block_cols]
+    bugs.append((f"it wrote columns {cols}..{block_cols - 1} (NaN read past the end of each row of x): "
+                 f"BLOCK_COLS = {block_cols} is a power of 2 wider than the {cols} columns, so mask "
+                 "the columns too, c < cols", no_col_mask))
+    return right, bugs
+
+
+def _diff_positions(got: torch.Tensor, want: torch.Tensor) -> list[tuple[int, int]]:
+    same = (got == want) | (got.isnan() & want.isnan())
+    return [tuple(p) for p in (~same).nonzero().tolist()]
+
+
+@check
+def check_gather_rows(kernel) -> None:
+    """The primer's kernel: out[r, :] = x[index[r], :] through `gather_rows`, edges masked."""
+    _need_triton()
+    from engine.attention.triton_primer import gather_rows
+    cases = [(9, 5, [8, 0, 3, 3, 7, 1, 2], 4, 0), (6, 16, [5, 4, 3, 2, 1, 0], 4, 1),
+             (4, 3, [2], 4, 2), (12, 7, [11, 0, 5, 5, 9, 2, 8, 1, 10, 3], 4, 3)]
+    dev = _device()
+    for x_rows, cols, index, block_rows, seed in cases:
+        x_buf, idx_buf, out_buf, rows, cols = _gather_case(x_rows, cols, index, block_rows, seed)
+        x_dev, idx_dev, out_dev = x_buf.to(dev), idx_buf.to(dev), out_buf.to(dev)
+        launch(gather_rows, x_dev[:, :cols], idx_dev[:rows], out=out_dev[:rows, :cols], kernel=kernel,
+               block_rows=block_rows)
+        got = out_dev.cpu()
+        want, bugs = _gather_bugs(x_buf, idx_buf, rows, cols, block_rows, tuple(out_buf.shape))
+        wrong = _diff_positions(got, want)
+        if not wrong:
+            continue
+        hint = next((h for h, emulated in bugs if not _diff_positions(got, emulated)), None)
+        inside = [p for p in wrong if p[0] < rows and p[1] < cols]
+        outside = [p for p in wrong if p not in inside]
+        if hint is None and outside:
+            hint = ("something was written outside out[:rows, :cols]; mask the store with both the row "
+                    "and the column condition")
+        if hint is None:
+            hint = "compare the rows that differ with x[index]: which row of x did they come from?"
+        shown_rows, shown_cols = max(rows, max(p[0] for p in wrong) + 1), max(cols, max(p[1] for p in wrong) + 1)
+        fail(f"gather_rows with x of {x_rows}x{cols}, index {index}, BLOCK_ROWS={block_rows}: "
+             f"{len(wrong)} entries differ ({len(inside)} inside out[:{rows}, :{cols}], {len(outside)} "
+             f"outside it, where {SENTINEL:g} must stay), first at (row, col) {wrong[0]}.\n"
+             f"  expected (the out buffer, {SENTINEL:g} = never written):\n"
+             f"{_show(want[:shown_rows, :shown_cols], 1)}\n  got:\n{_show(got[:shown_rows, :shown_cols], 1)}\n",
+             hint=hint)
+    passed(f"gather_rows: {len(cases)} cases (ragged last tiles, columns narrower than the tile, repeated "
+           f"indices) match x[index], and nothing outside out[:rows, :cols] was touched")
+
+
+# ---- the paged decode kernel ----------------------------------------------------------------------
+
+def decode_case(lens: list[int], group: int, kv_heads: int = 2, block_size: int = 4, head_dim: int = 16,
+                dtype=torch.float32, block_n: int = 8, seed: int = 0, garbage: str = "random",
+                q_scale: float = 1.0, spare: int = 3) -> dict:
+    """Inputs for one decode launch: scrambled tables over a pool with spare blocks.
+
+    Every slot no sequence owns (the tails of last blocks, spare blocks, and the garbage block the
+    table padding points to) holds `garbage`: "random" values, or "nan". The table is wide enough
+    that even a kernel without a tail mask reads only inside the pool.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    counts = [-(-n // block_size) for n in lens]
+    width = max(-(-(-(-n // block_n) * block_n) // block_size) for n in lens) + 1
+    num_blocks = sum(counts) + spare + 1
+    shape = (num_blocks, kv_heads, block_size, head_dim)
+    k_pool = torch.randn(shape, generator=gen)
+    v_pool = torch.randn(shape, generator=gen)
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    junk = order.pop()                                  # the block table padding names
+    tables = torch.full((len(lens), width), junk, dtype=torch.long)
+    used = torch.zeros(num_blocks, block_size, dtype=torch.bool)
+    for row, (n, count) in enumerate(zip(lens, counts)):
+        tables[row, :count] = torch.tensor(order[:count])
+        order = order[count:]
+        for p in range(n):
+            used[tables[row, p // block_size], p % block_size] = True
+    if garbage == "nan":
+        for pool in (k_pool, v_pool):
+            pool.masked_fill_(~used[:, None, :, None], float("nan"))
+    q = torch.randn(len(lens), kv_heads * group, 1, head_dim, generator=gen) * q_scale
+    kv_lens = torch.tensor(lens)
+    return dict(q=q.to(dtype), k_pool=k_pool.to(dtype), v_pool=v_pool.to(dtype), block_tables=tables,
+                q_positions=(kv_lens - 1)[:, None], kv_lens=kv_lens, block_n=block_n, group=group)
+
+
+def run_decode(kernel, case: dict) -> torch.Tensor:
+    """The learner's kernel on one case through the engine's launcher: [B, Hq, D] on the CPU."""
+    from engine.attention.triton_decode import paged_decode_per_head
+    dev = _device()
+    args = [case[name].to(dev) for name in ("q", "k_pool", "v_pool", "block_tables", "q_positions", "kv_lens")]
+    return launch(paged_decode_per_head, *args, kernel=kernel, block_n=case["block_n"])[:, :, 0].cpu()
+
+
+def reference(case: dict) -> torch.Tensor:
+    """The engine's torch reference on the case: [B, Hq, D]."""
+    from engine.attention.paged_reference import paged_attention_reference
+    names = ("q", "k_pool", "v_pool", "block_tables", "q_positions", "kv_lens")
+    return paged_attention_reference(*(case[n] for n in names))[:, :, 0]
+
+
+BUGS = {
+    "unmasked_tail": "it attends to slots past the sequence's length (the tail of its last block, or "
+                     "the rest of the last tile): mask positions pos >= length, in the scores (-inf) "
+                     "and in the K and V loads",
+    "kv_head_modulo": "query heads read the wrong KV head: with grouped-query attention the `group` "
+                      "heads h = g*group .. g*group+group-1 share KV head g, so it is h // group, "
+                      "not h % Hkv",
+    "logical_block": "it reads logical block p // BLOCK_SIZE as if it were the physical block: load "
+                     "the physical id from the block table, tables[b, p // BLOCK_SIZE]",
+    "no_scale": "the scores are not scaled: multiply q.k by scale = 1/sqrt(head_dim)",
+    "no_max": "the softmax does not subtract the running max: exp(score) overflows to inf once a "
+              "score passes ~88 (float32; ~11 in fp16), and inf/inf is NaN. Use exp(score - m) "
+              "with m the running max",
+    "no_rescale": "the online softmax never rescales: when the running max grows from m to m_new, "
+                  "multiply l and acc by alpha = exp(m - m_new) before adding the new tile",
+    "row_zero_table": "every sequence reads row 0 of the block table: row b starts at "
+                      "tables_ptr + b * s_tb",
+    "table_row_stride": "it reads the wrong row of the block table: row b starts at "
+                        "tables_ptr + b * s_tb (the table's row stride), not tables_ptr + b",
+}
+
+
+def emulate(case: dict, bug: str | None = None) -> torch.Tensor:
+    """What a per-head decode kernel computes on `case`, correct or with one classic bug: [B, Hq, D]."""
+    q, k_pool, v_pool = case["q"].float(), case["k_pool"].float(), case["v_pool"].float()
+    tables, group, block_n = case["block_tables"], case["group"], case["block_n"]
+    lengths = torch.minimum(case["q_positions"][:, 0] + 1, case["kv_lens"]).clamp(min=1)
+    batch, q_heads, _, head_dim = q.shape
+    kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
+    scale = 1.0 if bug == "no_scale" else head_dim ** -0.5
+    out = torch.empty(batch, q_heads, head_dim)
+    for b in range(batch):
+        n = int(lengths[b])
+        span = -(-n // block_n) * block_n if bug == "unmasked_tail" else n
+        pos = torch.arange(span)
+        blocks = {"logical_block": pos // block_size, "row_zero_table": tables[0, pos // block_size],
+                  "table_row_stride": tables.flatten()[b + pos // block_size]}.get(bug, tables[b, pos // block_size])
+        slots = pos % block_size
+        for h in range(q_heads):
+            kv = h % kv_heads if bug == "kv_head_modulo" else h // group
+            k, v = k_pool[blocks, kv, slots], v_pool[blocks, kv, slots]
+            scores = k @ q[b, h, 0] * scale
+            if bug == "no_max":
+                weights = torch.exp(scores)
+                out[b, h] = (weights @ v) / weights.sum()
+            elif bug == "no_rescale":
+                l, acc = torch.zeros(()), torch.zeros(head_dim)
+                for start in range(0, n, block_n):
+                    s, vals = scores[start:start + block_n], v[start:start + block_n]
+                    p = torch.exp(s - scores[:start + block_n].max())
+                    l, acc = l + p.sum(), acc + p @ vals
+                out[b, h] = acc / l
+            else:
+                out[b, h] = torch.softmax(scores, dim=0) @ v
+    return out.to(case["q"].dtype).float()
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype) -> bool:
+    return torch.allclose(got.float(), want.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype],
+                          equal_nan=True)
+
+
+def diagnose(case: dict, got: torch.Tensor, bugs=tuple(BUGS)) -> str | None:
+    """The hint of the first classic bug whose emulation reproduces `got`, or None."""
+    dtype = case["q"].dtype
+    for bug in bugs:
+        if _close(got, emulate(case, bug), dtype):
+            return BUGS[bug]
+    return None
+
+
+def _describe(case: dict) -> str:
+    q = case["q"]
+    return (f"{q.dtype} decode, lengths {case['kv_lens'].tolist()}, {q.shape[1]} query heads over "
+            f"{case['k_pool'].shape[1]} KV heads (group {case['group']}), blocks of {case['k_pool'].shape[2]}, "
+            f"BLOCK_N={case['block_n']}, tables {case['block_tables'].tolist()}")
+
+
+def _expect_decode(got: torch.Tensor, want: torch.Tensor, case: dict, what: str, hint: str | None = None) -> None:
+    """Fail with the first differing (sequence, head), expected vs got, and a diagnosed hint."""
+    dtype = case["q"].dtype
+    if got.shape != want.shape:
+        fail(f"{what}: the output has the wrong shape", tuple(want.shape), tuple(got.shape))
+    if _close(got, want, dtype) and torch.isfinite(got).all():
+        return
+    bad = ~torch.isclose(got.float(), want.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    b, h = (int(i) for i in bad.any(dim=-1).nonzero()[0])
+    rows = bad.any(dim=-1).nonzero().tolist()
+    hint = diagnose(case, got) or hint or (
+        "compare the wrong (sequence, head) pairs: all heads of one sequence wrong points at the table "
+        "or the length; only some heads at the KV head; everything at the scale or the softmax")
+    fail(f"{what} ({_describe(case)}): {len(rows)} of {got.shape[0] * got.shape[1]} (sequence, head) "
+         f"outputs differ from the torch reference, first at sequence {b}, head {h} "
+         f"(length {int(case['kv_lens'][b])}).\n  expected out[{b}, {h}]:\n{_show(want[b, h][:8])} ...\n"
+         f"  got:\n{_show(got[b, h][:8])} ...\n  wrong (sequence, head): {rows[:8]}", hint=hint)
+
+
+def decode_cases(seed: int = 0) -> list[dict]:
+    """Scrambled tables, lengths 1 to a few blocks, groups 1/2/4, fp32 and fp16, tiles that cut blocks."""
+    return [
+        decode_case([1, 3, 4, 5, 9], group=1, block_size=4, block_n=8, seed=seed),
+        decode_case([2, 3, 7, 11], group=2, block_size=3, block_n=4, seed=seed + 1),
+        decode_case([5, 17], group=4, block_size=16, block_n=16, seed=seed + 2, dtype=torch.float16),
+        decode_case([4, 9, 12], group=2, block_size=4, block_n=8, seed=seed + 3, dtype=torch.float16),
+    ]
+
+
+@check
+def check_decode_kernel(kernel, seed: int = 0) -> None:
+    """The per-head paged decode kernel equals the engine's torch reference on scrambled tables."""
+    _need_triton()
+    cases = decode_cases(seed)
+    for case in cases:
+        _expect_decode(run_decode(kernel, case), reference(case), case, "your paged decode kernel")
+    passed(f"paged decode kernel: {len(cases)} launches (groups 1/2/4, fp32 and fp16, blocks of 3, 4 "
+           f"and 16, lengths 1 to 17) match the torch reference on scrambled block tables")
+
+
+@check
+def check_decode_garbage(kernel) -> None:
+    """NaN in every slot no sequence owns (tails of last blocks, spare blocks, table padding) changes nothing."""
+    _need_triton()
+    for group, block_size, lens in ((2, 4, [1, 3, 6, 9]), (1, 5, [4, 5, 11])):
+        clean = decode_case(lens, group=group, block_size=block_size, block_n=8, seed=7)
+        dirty = decode_case(lens, group=group, block_size=block_size, block_n=8, seed=7, garbage="nan")
+        want = reference(clean)
+        got = run_decode(kernel, dirty)
+        if torch.isfinite(got).all() and _close(got, want, torch.float32):
+            continue
+        clean_got = run_decode(kernel, clean)
+        if not _close(clean_got, want, torch.float32):
+            _expect_decode(clean_got, want, clean, "before any NaN: your kernel on random garbage")
+        nan_rows = sorted({int(b) for b in (~torch.isfinite(got)).any(dim=-1).any(dim=-1).nonzero()[:, 0]})
+        fail(f"{_describe(dirty)}: with NaN in the slots no sequence owns, sequences {nan_rows} come "
+             f"back NaN, though they are right when those slots hold ordinary numbers",
+             hint="a load past the sequence's length reads a slot that is not this sequence's: it may "
+                  "hold anything (stale keys, NaN). Setting those scores to -inf is not enough, because "
+                  "p = 0 times a NaN value is NaN: mask the K and V loads too (mask=valid, other=0.0)")
+    passed("garbage stays out: NaN in last-block tails, spare blocks and table padding never reaches "
+           "the output")
+
+
+def _max_score(case: dict) -> float:
+    """The largest scaled score q.k / sqrt(D) any query of the case sees."""
+    q, k_pool, tables = case["q"].float(), case["k_pool"].float(), case["block_tables"]
+    best = float("-inf")
+    for b, n in enumerate(case["kv_lens"].tolist()):
+        pos = torch.arange(n)
+        for h in range(q.shape[1]):
+            keys = k_pool[tables[b, pos // k_pool.shape[2]], h // case["group"], pos % k_pool.shape[2]]
+            best = max(best, float((keys @ q[b, h, 0]).max()) * q.shape[-1] ** -0.5)
+    return best
+
+
+@check
+def check_decode_large_scores(kernel) -> None:
+    """Scores far above 88 (exp overflows float32): the online softmax must subtract its running max."""
+    _need_triton()
+    cases = [decode_case([6, 13, 20], group=2, block_size=4, block_n=8, seed=11, q_scale=60.0),
+             decode_case([6, 13, 20], group=2, block_size=4, block_n=8, seed=12, q_scale=60.0,
+                         dtype=torch.float16)]
+    for case in cases:
+        scores = _max_score(case)
+        got = run_decode(kernel, case)
+        _expect_decode(got, reference(case), case, f"large scores (up to about {scores:.0f})")
+    passed(f"large scores: queries scaled by 60 give scores up to ~{scores:.0f}, far past exp's float32 "
+           "range, and the online softmax stays finite and exact in fp32 and fp16")
+
+
+def kernel_cache_class(kernel, block_n: int = 32):
+    """The engine's PagedKVCache with `kernel` attending every decode step (T == 1); prefill stays torch."""
+    from engine.attention.triton_decode import paged_decode_per_head
+    from engine.cache.paged import PagedKVCache
+
+    class KernelCache(PagedKVCache):
+        def attend(self, layer, q, k, v, positions):
+            if q.shape[2] != 1:
+                return super().attend(layer, q, k, v, positions)
+            kv_lens = self.write(layer, k, v, positions)
+            dev = _device()
+            args = (q.to(self.dtype), self.k_pools[layer], self.v_pools[layer], self.block_tables, positions,
+                    kv_lens)
+            out = launch(paged_decode_per_head, *(t.to(dev) for t in args), kernel=kernel, block_n=block_n)
+            return out.to(q.device, q.dtype)
+
+    return KernelCache
+
+
+@check
+def check_decode_in_engine(kernel, block_size: int = 4, steps: int = 20) -> None:
+    """The milestone: the kernel in the engine's paged cache gives from-scratch logits over a ragged batch."""
+    _need_triton()
+    from engine.generate import cached_step, scratch_logits
+    model = tiny()
+    bs = block_size
+    lens = [bs - 1, bs, bs + 1, 2 * bs + 1]
+    prompts = [seeded_tokens(n, seed=60 + i) for i, n in enumerate(lens)]
+    blocks = sum(-(-(n + steps) // bs) for n in lens) + 4
+    cache = kernel_cache_class(kernel)(model.config, blocks, block_size=bs, attention="torch")
+    seqs = list(range(len(lens)))
+    for s in seqs:
+        cache.create(s)
+    got = [list(rows) for rows in cached_step(model, cache, seqs, prompts)]
+    tokens = [list(p) for p in prompts]
+    for t in range(steps):
+        new = [[seeded_tokens(1, seed=1000 * t + s)[0]] for s in seqs]
+        for s, row in enumerate(cached_step(model, cache, seqs, new)):
+            got[s].append(row[-1])
+            tokens[s] += new[s]
+    want = scratch_logits(model, tokens)
+    worst = 0.0
+    for s in seqs:
+        decode = torch.stack(got[s][lens[s]:])
+        worst = max(worst, compare_logits(
+            decode, want[s][lens[s]:], f"sequence {s} (prompt of {lens[s]} tokens, blocks of {bs}), decode "
+            f"through your kernel", first_position=lens[s],
+            hint="run check_decode_kernel first; if it passes, the engine's pool holds each token at "
+                 "slot p % block_size of block table[p // block_size], and kv_len grows by one a step"))
+    expect_equal(len(got[0]), lens[0] + steps, "logit rows for sequence 0")
+    passed(f"in the engine: prefill of {lens} tokens (blocks of {bs}), then {steps} decode steps through "
+           f"your kernel in both layers; every logit matches a from-scratch run (max |Δ| {worst:.1e} "
+           f"<= {ATOL:g})")
+
+
+# ---- stretch: split-K's log-sum-exp merge ----------------------------------------------------------
+
+def split_case(lens: list[int], num_splits: int, heads: int = 2, head_dim: int = 8, seed: int = 0):
+    """Partials (m, l, acc) of per-slice softmaxes, computed in torch, and the whole-history output."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = len(lens)
+    m = torch.full((batch, heads, num_splits), float("-inf"))
+    l = torch.zeros(batch, heads, num_splits)
+    acc = torch.zeros(batch, heads, num_splits, head_dim)
+    whole = torch.zeros(batch, heads, head_dim)
+    for b, n in enumerate(lens):
+        scores = torch.randn(heads, n, generator=gen) * 4
+        values = torch.randn(heads, n, head_dim, generator=gen)
+        if n:
+            whole[b] = torch.einsum("hn,hnd->hd", torch.softmax(scores, dim=-1), values)
+        per = -(-n // num_splits) if n else 0
+        for s in range(num_splits):
+            lo, hi = s * per, min(n, (s + 1) * per)
+            if lo >= hi:
+                continue                                   # an empty slice: m = -inf, l = 0, acc = 0
+            part = scores[:, lo:hi]
+            m[b, :, s] = part.max(dim=-1).values
+            p = torch.exp(part - m[b, :, s, None])
+            l[b, :, s] = p.sum(dim=-1)
+            acc[b, :, s] = torch.einsum("hn,hnd->hd", p, values[:, lo:hi])
+    return m, l, acc, whole
+
+
+@check
+def check_merge_partials(merge) -> None:
+    """merge(m, l, acc) equals attention over the whole history, skips empty slices, and gives 0 for
+    a row whose slices are all empty."""
+    for lens, splits in (([1, 7, 30, 0], 4), ([16, 3], 8), ([50], 1)):
+        m, l, acc, whole = split_case(lens, splits, seed=len(lens) + splits)
+        got = merge(m.clone(), l.clone(), acc.clone())
+        if tuple(got.shape) != tuple(whole.shape):
+            fail(f"merge of {splits} splits: the output shape", tuple(whole.shape), tuple(got.shape),
+                 "reduce over the split axis: m, l [..., S], acc [..., S, D] give [..., D]")
+        got = got.float()
+        if torch.allclose(got, whole, atol=1e-5, rtol=1e-5):
+            continue
+        b = int((~torch.isclose(got, whole, atol=1e-5, rtol=1e-5)).any(dim=-1).any(dim=-1).nonzero()[0])
+        real = (l > 0).any(dim=-1)                         # rows (sequence, head) with some key
+        plain = acc.sum(-2) / l.sum(-1, keepdim=True).clamp(min=1e-30)
+        normalized = acc / l.clamp(min=1e-30)[..., None] * (l > 0)[..., None]
+        averaged = normalized.sum(-2) / (l > 0).sum(-1, True).clamp(min=1)
+        if not torch.allclose(got[real], whole[real], atol=1e-5, rtol=1e-5):
+            if torch.allclose(got[real], plain[real], atol=1e-5):
+                hint = ("each slice's l and acc were summed against its own max m_s: weight them by "
+                        "exp(m_s - M), with M the largest m_s, before adding them up")
+            elif torch.allclose(got[real], averaged[real], atol=1e-5):
+                hint = ("averaging the slices' normalized outputs weighs a 1-key slice like a 30-key one: "
+                        "weight each slice by exp(m_s - M) * l_s, i.e. sum the rescaled acc and l, then divide")
+            else:
+                hint = "out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, with M = max_s m_s"
+        else:
+            b = int((~real).any(dim=-1).nonzero()[0])
+            hint = ("a row with no keys at all (every slice empty, m = -inf) must come back as 0. NaN "
+                    "comes from exp(m - M) with M = -inf too: exp(-inf - -inf) = NaN. Take M = 0 when "
+                    "every slice is empty, and divide by the total only where it is > 0")
+        fail(f"merge of {splits} splits over lengths {lens}: row {b} (length {lens[b]}) differs.\n"
+             f"  expected:\n{_show(whole[b, 0])}\n  got:\n{_show(got[b, 0])}\n", hint=hint)
+    passed("merge_partials: 1, 4 and 8 splits (empty slices included) give exactly the unsplit "
+           "softmax; a row with no keys at all gives zeros")
+
+
+# ---- review questions with a number or a choice for an answer ------------------------------------
+
+def decode_mib(context: int = 4096, layers: int = 28, kv_heads: int = 8, head_dim: int = 128,
+               bytes_per_value: int = 2) -> float:
+    """MiB of K and V one decode step reads for one sequence (Qwen3-0.6B's shape by default)."""
+    return 2 * context * layers * kv_heads * head_dim * bytes_per_value / 2**20
+
+
+@check
+def check_answer_decode_bytes(answer) -> None:
+    """Q1: MiB of K/V one decode step reads for a 4,096-token sequence in Qwen3-0.6B (fp16)."""
+    if answer is None:
+        raise NotImplementedError
+    want = decode_mib()
+    if not isinstance(answer, (int, float)) or abs(answer - want) > 0.01 * want:
+        halves = {want / 2: "that is K alone (or V alone): a step reads both",
+                  want / 28: "that is one layer: the step runs all 28",
+                  want * 2: "fp16 is 2 bytes per value, not 4",
+                  want / 4: "count every layer and both K and V"}
+        hint = next((h for v, h in halves.items() if isinstance(answer, (int, float))
+                     and abs(answer - v) <= 0.01 * v), "2 (K and V) x context x layers x KV heads x "
+                    "head_dim x 2 bytes, divided by 2**20")
+        fail("Q1, MiB read per decode step", f"about {want:.0f}", answer, hint)
+    passed(f"Q1: {want:.0f} MiB of K/V per decode step for one 4,096-token sequence")
+
+
+@check
+def check_answer_kv_head(answer) -> None:
+    """Q2: which KV head does query head 37 of Llama-3-70B (64 query heads, 8 KV heads) read?"""
+    if answer is None:
+        raise NotImplementedError
+    if answer != 37 // 8:
+        hint = ("37 % 8 = 5 spreads neighbouring heads over different KV heads; the group of query "
+                "heads sharing a KV head is contiguous" if answer == 37 % 8 else "group = 64 // 8; h // group")
+        fail("Q2, the KV head of query head 37", 37 // 8, answer, hint)
+    passed("Q2: query head 37 reads KV head 37 // 8 = 4")
+
+
+@check
+def check_answer_loads(answer) -> None:
+    """Q3: (loads per key per step by the per-head kernel, by the grouped kernel) for group size 4."""
+    if answer is None:
+        raise NotImplementedError
+    got = tuple(answer) if isinstance(answer, (tuple, list)) else answer
+    if got != (4, 1):
+        fail("Q3, (per-head kernel, grouped kernel) loads of each cached key per step, group 4", (4, 1), got,
+             "the per-head kernel runs one program per query head and each loads the whole history; "
+             "the grouped kernel loads each tile once for all heads of its group")
+    passed("Q3: the per-head kernel reads every key 4 times per step, the grouped kernel once")

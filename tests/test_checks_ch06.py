@@ -1,0 +1,273 @@
+"""The chapter-6 checks pass on the engine's kernels, say "not implemented yet" on stubs, and name each
+classic bug of the primer kernel, the paged decode kernel and the split-K merge in their hints.
+
+The planted kernels are one kernel each with a constexpr BUG switch: `Planted(kernel, n)` launches it
+with BUG=n through the same launcher call a learner's kernel gets.
+"""
+import pytest
+import torch
+
+import engine.attention as attention_pkg
+from engine.checks import ch06
+from fixtures.check_support import fails
+
+needs_triton = pytest.mark.skipif(not attention_pkg.triton_installed(), reason="triton is Linux-only")
+
+if attention_pkg.triton_installed():
+    triton, tl = attention_pkg.triton_modules()  # TRITON_INTERPRET=1 without CUDA, before any kernel below
+    from engine.attention.triton_decode import merge_partials, paged_decode_head_kernel
+    from engine.attention.triton_primer import gather_rows_kernel
+
+    @triton.jit
+    def stub_kernel(q_ptr, k_pool, v_pool, tables_ptr, lengths_ptr, out_ptr, group, scale,
+                    s_qb, s_qh, s_ob, s_oh, s_tb, s_kn, s_kh, s_ks, s_vn, s_vh, s_vs,
+                    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+        raise NotImplementedError()
+
+    @triton.jit
+    def stub_gather(x_ptr, index_ptr, out_ptr, rows, cols, s_x, s_out,
+                    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+        raise NotImplementedError()
+
+    @triton.jit
+    def buggy_gather(x_ptr, index_ptr, out_ptr, rows, cols, s_x, s_out,
+                     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, BUG: tl.constexpr):
+        first = tl.program_id(0) * BLOCK_ROWS
+        if BUG == 3:                                     # every program writes the first tile
+            first = 0
+        r = first + tl.arange(0, BLOCK_ROWS)
+        c = tl.arange(0, BLOCK_COLS)
+        row_ok = r < rows
+        if BUG == 4:                                     # no row mask
+            row_ok = r >= 0
+        col_ok = c < cols
+        if BUG == 5:                                     # no column mask
+            col_ok = c >= 0
+        mask = row_ok[:, None] & col_ok[None, :]
+        source = tl.load(index_ptr + r, mask=row_ok, other=0)
+        if BUG == 1:                                     # the index ignored
+            source = r
+        stride = s_x
+        if BUG == 2:                                     # rows assumed `cols` apart
+            stride = cols
+        values = tl.load(x_ptr + source[:, None] * stride + c[None, :], mask=mask)
+        tl.store(out_ptr + r[:, None] * s_out + c[None, :], values, mask=mask)
+
+    @triton.jit
+    def buggy_decode(q_ptr, k_pool, v_pool, tables_ptr, lengths_ptr, out_ptr, group, scale,
+                     s_qb, s_qh, s_ob, s_oh, s_tb, s_kn, s_kh, s_ks, s_vn, s_vh, s_vs,
+                     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BUG: tl.constexpr):
+        seq = tl.program_id(0)
+        head = tl.program_id(1)
+        kv_head = head // group
+        if BUG == 3:                                     # h % Hkv
+            kv_head = head % (tl.num_programs(1) // group)
+        if BUG == 5:                                     # no 1/sqrt(d)
+            scale = 1.0
+        dims = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + seq * s_qb + head * s_qh + dims).to(tl.float32) * scale
+        length = tl.load(lengths_ptr + seq)
+        row = tables_ptr + seq * s_tb
+        if BUG == 8:                                     # row 0's table for everyone
+            row = tables_ptr
+        if BUG == 9:                                     # the table's row stride forgotten
+            row = tables_ptr + seq
+        m = tl.full((), float("-inf"), tl.float32)
+        l = tl.zeros((), tl.float32)
+        acc = tl.zeros((HEAD_DIM,), tl.float32)
+        for start in range(0, length, BLOCK_N):
+            pos = start + tl.arange(0, BLOCK_N)
+            valid = pos < length
+            load_ok = valid
+            if BUG == 1:                                 # no tail mask anywhere
+                valid = pos >= 0
+                load_ok = valid
+            if BUG == 2:                                 # scores masked, loads not
+                load_ok = pos >= 0
+            block = tl.load(row + pos // BLOCK_SIZE, mask=load_ok, other=0)
+            if BUG == 4:                                 # logical block as the physical one
+                block = pos // BLOCK_SIZE
+            slot = pos % BLOCK_SIZE
+            k_rows = k_pool + block.to(tl.int64) * s_kn + kv_head * s_kh + slot * s_ks
+            v_rows = v_pool + block.to(tl.int64) * s_vn + kv_head * s_vh + slot * s_vs
+            k = tl.load(k_rows[:, None] + dims[None, :], mask=load_ok[:, None], other=0.0).to(tl.float32)
+            v = tl.load(v_rows[:, None] + dims[None, :], mask=load_ok[:, None], other=0.0).to(tl.float32)
+            scores = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=0))
+            if BUG == 6:                                 # no max subtracted
+                m_new = tl.zeros((), tl.float32)
+            alpha = tl.exp(m - m_new)
+            if BUG == 6 or BUG == 7:                     # (7: no rescale of l and acc)
+                alpha = tl.full((), 1.0, tl.float32)
+            p = tl.exp(scores - m_new)
+            l = l * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            m = m_new
+        tl.store(out_ptr + seq * s_ob + head * s_oh + dims, (acc / l).to(out_ptr.dtype.element_ty))
+
+
+class Planted:
+    """A buggy kernel with its BUG switch set, launched like any kernel: `Planted(k, n)[grid](...)`."""
+
+    def __init__(self, kernel, bug: int):
+        self.kernel, self.bug = kernel, bug
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.kernel[grid](*args, BUG=self.bug, **kwargs)
+
+
+DECODE_CHECKS = ["check_decode_kernel", "check_decode_garbage", "check_decode_large_scores"]
+
+
+# ---- the references pass, stubs are "not implemented yet" ------------------------------------------
+
+@needs_triton
+def test_references_pass(capsys):
+    ch06.check_gather_rows(gather_rows_kernel)
+    for name in DECODE_CHECKS:
+        getattr(ch06, name)(paged_decode_head_kernel)
+    ch06.check_merge_partials(merge_partials)
+    out = capsys.readouterr().out
+    assert out.count("✓") == 5
+
+
+@needs_triton
+def test_engine_milestone_passes_with_the_reference_kernel(capsys):
+    ch06.check_decode_in_engine(paged_decode_head_kernel)
+    assert "20 decode steps" in capsys.readouterr().out
+
+
+def test_review_answers():
+    ch06.check_answer_decode_bytes(448)
+    ch06.check_answer_kv_head(4)
+    ch06.check_answer_loads((4, 1))
+    assert "K alone" in fails(ch06.check_answer_decode_bytes, 224)
+    assert "one layer" in fails(ch06.check_answer_decode_bytes, 16)
+    assert "37 % 8" in fails(ch06.check_answer_kv_head, 5)
+    assert "once for all heads" in fails(ch06.check_answer_loads, (1, 1))
+    for check in (ch06.check_answer_decode_bytes, ch06.check_answer_kv_head, ch06.check_answer_loads):
+        assert "not implemented yet" in fails(check, None)
+
+
+@needs_triton
+@pytest.mark.parametrize("name", DECODE_CHECKS + ["check_decode_in_engine"])
+def test_stub_kernel_is_not_implemented(name):
+    message = fails(getattr(ch06, name), stub_kernel)
+    assert "not implemented yet" in message and "stub_kernel" in message
+
+
+@needs_triton
+def test_stub_gather_and_merge_are_not_implemented():
+    assert "not implemented yet" in fails(ch06.check_gather_rows, stub_gather)
+
+    def merge(m, l, acc):
+        raise NotImplementedError()
+
+    assert "not implemented yet" in fails(ch06.check_merge_partials, merge)
+
+
+# ---- planted bugs: the primer ---------------------------------------------------------------------
+
+@needs_triton
+@pytest.mark.parametrize("bug, words", [
+    (1, "load index[r] first"),
+    (2, "i * s_x"),
+    (3, "tl.program_id(0) * BLOCK_ROWS"),
+    (4, "past the last row"),
+    (5, "mask the columns too"),
+])
+def test_primer_bugs_are_named(bug, words):
+    message = fails(ch06.check_gather_rows, Planted(buggy_gather, bug))
+    assert words in message
+    assert "expected (the out buffer" in message and "got:" in message
+
+
+# ---- planted bugs: the decode kernel --------------------------------------------------------------
+
+@needs_triton
+@pytest.mark.parametrize("bug, words, failing", [
+    (1, "slots past the sequence's length", {"check_decode_kernel", "check_decode_garbage",
+                                             "check_decode_large_scores"}),
+    (2, "mask the K and V loads too", {"check_decode_garbage"}),
+    (3, "not h % Hkv", {"check_decode_kernel", "check_decode_garbage", "check_decode_large_scores"}),
+    (4, "load the physical id from the block table", {"check_decode_kernel", "check_decode_garbage",
+                                                      "check_decode_large_scores"}),
+    (5, "scale = 1/sqrt(head_dim)", {"check_decode_kernel", "check_decode_garbage",
+                                     "check_decode_large_scores"}),
+    (6, "does not subtract the running max", {"check_decode_large_scores"}),
+    (7, "never rescales", {"check_decode_kernel", "check_decode_garbage", "check_decode_large_scores"}),
+    (8, "every sequence reads row 0", {"check_decode_kernel", "check_decode_garbage",
+                                       "check_decode_large_scores"}),
+    (9, "not tables_ptr + b", {"check_decode_kernel", "check_decode_garbage", "check_decode_large_scores"}),
+])
+def test_decode_bugs_are_named(bug, words, failing):
+    kernel = Planted(buggy_decode, bug)
+    for name in DECODE_CHECKS:
+        if name in failing:
+            message = fails(getattr(ch06, name), kernel)
+            assert words in message, (name, message)
+        else:
+            getattr(ch06, name)(kernel)
+
+
+@needs_triton
+def test_engine_milestone_catches_a_planted_bug():
+    message = fails(ch06.check_decode_in_engine, Planted(buggy_decode, 3))
+    assert "the logits differ from a from-scratch run" in message and "decode through your kernel" in message
+
+
+# ---- planted bugs: split-K's merge ----------------------------------------------------------------
+
+def merge_without_weights(m, l, acc):
+    return acc.sum(-2) / l.sum(-1, keepdim=True)
+
+
+def merge_by_averaging(m, l, acc):
+    share = acc / l[..., None]
+    share = torch.where(l[..., None] > 0, share, torch.zeros_like(share))
+    return share.sum(-2) / (l > 0).sum(-1, keepdim=True).clamp(min=1)
+
+
+def merge_nan_on_empty(m, l, acc):
+    weight = torch.exp(m - m.amax(-1, keepdim=True))
+    return (weight[..., None] * acc).sum(-2) / (weight * l).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("merge, words", [
+    (merge_without_weights, "weight them by exp(m_s - M)"),
+    (merge_by_averaging, "averaging the slices' normalized outputs"),
+    (merge_nan_on_empty, "exp(-inf - -inf) = NaN"),
+])
+def test_merge_bugs_are_named(merge, words):
+    assert words in fails(ch06.check_merge_partials, merge)
+
+
+def test_merge_check_runs_without_triton(monkeypatch):
+    """The merge is torch: it is graded on macOS too, while a kernel check says why it cannot run."""
+    monkeypatch.setattr(ch06, "triton_installed", lambda: False)
+    ch06.check_merge_partials(lambda m, l, acc: _reference_merge(m, l, acc))
+    assert "Triton is not available on this platform" in fails(ch06.check_decode_kernel, object())
+    assert "Triton is not available on this platform" in fails(ch06.check_gather_rows, object())
+
+
+def _reference_merge(m, l, acc):
+    top = m.amax(-1, keepdim=True)
+    top = torch.where(top == float("-inf"), torch.zeros_like(top), top)
+    weight = torch.exp(m - top)
+    total = (weight * l).sum(-1, keepdim=True)
+    return (weight[..., None] * acc).sum(-2) / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def test_stand_ins_define_kernels_without_triton(monkeypatch):
+    """Without Triton (macOS, Windows), @triton.jit and tl.constexpr still define a kernel; launching it says why."""
+    monkeypatch.setattr(attention_pkg, "triton_installed", lambda: False)
+    fake_triton, fake_tl = attention_pkg.triton_modules()
+
+    @fake_triton.jit
+    def kernel(x_ptr, BLOCK: fake_tl.constexpr):
+        x = fake_tl.arange(0, BLOCK)
+        return x
+
+    with pytest.raises(attention_pkg.TritonUnavailable, match="Linux wheels only"):
+        kernel[(1,)](None, BLOCK=4)
