@@ -22,8 +22,8 @@ from pathlib import Path
 import nbformat
 from nbgrader.utils import determine_grade
 
-from . import cells
-from .kernel import Kernel
+from . import cells, exercises
+from .kernel import SealedKernel
 from .paths import chapter_files, chapter_name, offline_cpu_environ, repo_root
 from .source import load_chapter
 
@@ -53,6 +53,8 @@ class ChapterGrade:
     notebook: str
     exercises: list[Exercise] = field(default_factory=list)
     seconds: float = 0.0
+    flags: list[str] = field(default_factory=list)     # for the instructor: own work, tampering, probing
+    changes: list[str] = field(default_factory=list)   # where the notebook could not be graded as written
 
     @property
     def earned(self) -> float:
@@ -68,12 +70,14 @@ class ChapterGrade:
         return sum(e.possible for e in self.exercises if e.kind == "manual")
 
 
-def cells_to_run(learner, chapter) -> list:
+def cells_to_run(learner, chapter, changes: list[str] | None = None) -> list:
     """The learner's cells, with every locked cell (tests included) as the chapter has it.
 
     Only the chapter's graded cells can earn points: a cell the learner added keeps its code but loses
-    any nbgrader metadata, and a copy of a chapter cell runs once. Tests the learner deleted are put
-    back after the cell that preceded them in the chapter, so they score 0 instead of vanishing.
+    any nbgrader metadata, and a copy of a chapter cell runs once. Locked code cells the learner deleted
+    (tests, and the setup cells that define what later cells use) are put back after the cell that
+    preceded them in the chapter, so they run and score instead of vanishing; `changes` (if given)
+    receives a line saying what was put back and which solution cells are missing.
     """
     by_id = {cells.grade_id(c): c for c in chapter.cells if cells.grade_id(c)}
     result, placed = [], set()
@@ -94,11 +98,36 @@ def cells_to_run(learner, chapter) -> list:
             restored.metadata["nbgrader"] = dict(cells.meta(original), **checksum)
             result.append(restored)
         placed.add(grade_id)
+    nothing_placed = not placed
+    put_back, front = [], 0
     for index, original in enumerate(chapter.cells):
-        if cells.is_test(original) and cells.grade_id(original) not in placed:
+        grade_id = cells.grade_id(original)
+        if grade_id in placed or original.cell_type != "code" or not (
+                cells.is_locked(original) or cells.is_test(original)):
+            continue
+        if nothing_placed and not cells.is_test(original):
+            at, front = front, front + 1  # no chapter cell survived: setup first, tests after the learner's
+        elif nothing_placed:
+            at = len(result)
+        else:
             earlier = {cells.grade_id(c) for c in chapter.cells[:index]}
-            at = max((i + 1 for i, c in enumerate(result) if cells.grade_id(c) in earlier), default=len(result))
-            result.insert(at, _fresh(original))
+            later = {cells.grade_id(c) for c in chapter.cells[index + 1:]}
+            at = max((i + 1 for i, c in enumerate(result) if cells.grade_id(c) in earlier), default=None)
+            if at is None:
+                at = min((i for i, c in enumerate(result) if cells.grade_id(c) in later), default=len(result))
+        result.insert(at, _fresh(original))
+        placed.add(grade_id)
+        put_back.append(grade_id)
+    missing = [cells.grade_id(c) for c in chapter.cells
+               if cells.is_solution(c) and c.cell_type == "code" and cells.grade_id(c) not in placed]
+    if changes is not None and (put_back or missing):
+        parts = []
+        if put_back:
+            parts.append(f"{len(put_back)} locked cell(s) were missing and were put back from the chapter "
+                         f"({', '.join(put_back[:6])}{', ...' if len(put_back) > 6 else ''})")
+        if missing:
+            parts.append(f"solution cell(s) {', '.join(missing)} are missing, so their tests find nothing of yours")
+        changes.append("the notebook's cells were changed: " + "; ".join(parts))
     return result
 
 
@@ -110,37 +139,102 @@ def _fresh(original):
     return cell
 
 
-def grade_notebook(notebook_path: Path, chapter_path: Path, timeout: float) -> ChapterGrade:
-    """Run one learner notebook against its chapter source; the score of each graded cell."""
-    started = time.monotonic()
-    chapter = load_chapter(chapter_path)
-    try:
-        learner = nbformat.read(notebook_path, as_version=4)
-    except Exception as error:  # not JSON, not a notebook: every exercise scores 0, grading goes on
-        return _unreadable(notebook_path, chapter_path, chapter, error)
-    to_run = cells_to_run(learner, chapter)
+def cell_kind(cell) -> str:
+    """How the sealed worker treats a cell: a graded test, the chapter's own code, or the learner's."""
+    if cells.is_test(cell):
+        return "test"
+    if cells.is_locked(cell) and not cells.is_solution(cell) and cells.grade_id(cell):
+        return "trusted"
+    return "learner"
+
+
+@dataclass
+class SealedRun:
+    """The cells as run, with their outputs, and what the run found."""
+
+    cells: list
+    failed_above: dict
+    flags: list[str]
+    changes: list[str]
+
+
+def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=None, wrap=None,
+               env: dict | None = None) -> SealedRun:
+    """Run a learner notebook in the sealed worker (engine.course.seal): each cell's outputs set, each
+    graded test's verdict signed; the flags (own work, tampering, probing) for the instructor."""
+    chapter = chapter if chapter is not None else load_chapter(chapter_path)
+    plan = exercises.plan_for(chapter_path, chapter)
+    changes: list[str] = []
+    to_run = cells_to_run(learner, chapter, changes)
     ran_cleanly: list = []  # cells to replay after a restart, so later exercises have their definitions
     failed_above: dict[int, str] = {}  # cell index -> the failing solution cell above it, if any
     latest_failure = ""
-    with Kernel(cwd=notebook_path.parent.resolve(), env=offline_cpu_environ()) as kernel:
+    flags: list[str] = []
+    environ = env if env is not None else offline_cpu_environ({"COURSE_EXPLORERS": "static", "MPLBACKEND": "Agg"})
+    with SealedKernel(plan.for_worker(), cwd=cwd, env=environ, wrap=wrap) as kernel:
         for index, cell in enumerate(to_run):
             if cell.cell_type != "code":
                 continue
-            run = kernel.run(cell.source, timeout)
+            kind = cell_kind(cell)
+            run = kernel.run_cell(cell.source, kind, cells.grade_id(cell), timeout)
             cell.outputs = run.outputs
+            verdict = getattr(run, "verdict", {}) or {}
+            for note in verdict.get("notes", []):
+                flags.append(f"{cells.grade_id(cell)}: tampering {note}")
+            if verdict.get("tampered"):
+                flags.append(f"{cells.grade_id(cell)}: changed during the test: {', '.join(verdict['tampered'][:4])}")
+            if verdict.get("own_work") or verdict.get("delegations"):
+                flags.append(f"{cells.grade_id(cell)}: not the learner's own code")
             if not run.usable:
                 kernel.restart()
                 for earlier in ran_cleanly:
-                    kernel.run(earlier.source, timeout)
-            if run.status == "ok" and not cells.is_test(cell):
+                    kernel.run_cell(earlier.source, cell_kind(earlier), cells.grade_id(earlier), timeout)
+            if run.status == "ok" and kind != "test":
                 ran_cleanly.append(cell)
             if cells.is_solution(cell):
                 latest_failure = "" if run.status == "ok" else f"{cells.grade_id(cell)}: {first_failure(cell)}"
             failed_above[index] = latest_failure
+        if kernel.refused:
+            flags.append("refused: " + ", ".join(sorted(set(kernel.refused))))
+        if kernel.tampered_channel:
+            flags.append("the notebook's code wrote to the grader's result channel")
+    learner_code = {cells.grade_id(c): c.source for c in to_run if cells.is_solution(c) and c.cell_type == "code"}
+    flags += exercises.own_work_flags(plan, learner_code)
+    own_sources = [c.source for c in to_run if c.cell_type == "code" and cell_kind(c) == "learner"]
+    probing = exercises.suspicious_flags(own_sources)
+    if probing:
+        flags.append("uses " + ", ".join(probing))
+    return SealedRun(to_run, failed_above, flags, changes)
+
+
+def read_learner(notebook_path: Path) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The learner's notebook as nbformat 4, and a note when it had to be converted."""
+    raw = json.loads(Path(notebook_path).read_text())
+    version = raw.get("nbformat") if isinstance(raw, dict) else None
+    notebook = nbformat.read(notebook_path, as_version=4)
+    notes = []
+    if version != 4:
+        notes.append(f"the notebook's cells were changed: it was saved as nbformat {version} and was "
+                     "converted to nbformat 4 (cells may have lost their nbgrader ids)")
+    return notebook, notes
+
+
+def grade_notebook(notebook_path: Path, chapter_path: Path, timeout: float, wrap=None,
+                   workdir: Path | None = None) -> ChapterGrade:
+    """Run one learner notebook against its chapter source; the score of each graded cell."""
+    started = time.monotonic()
+    chapter = load_chapter(chapter_path)
+    try:
+        learner, notes = read_learner(notebook_path)
+    except Exception as error:  # not JSON, not a notebook: every exercise scores 0, grading goes on
+        return _unreadable(notebook_path, chapter_path, chapter, error)
+    cwd = workdir or notebook_path.parent.resolve()
+    sealed = run_sealed(learner, chapter_path, timeout, cwd, chapter=chapter, wrap=wrap)
     result = ChapterGrade(chapter_name(chapter_path), str(notebook_path))
-    for index, cell in enumerate(to_run):
+    result.flags, result.changes = sealed.flags, notes + sealed.changes
+    for index, cell in enumerate(sealed.cells):
         if cells.is_graded(cell):
-            result.exercises.append(_score(cell, failed_above.get(index, "")))
+            result.exercises.append(_score(cell, sealed.failed_above.get(index, "")))
     result.seconds = round(time.monotonic() - started, 2)
     return result
 
@@ -242,7 +336,9 @@ def format_table(grades: list[ChapterGrade], notes: list[str], width: int | None
     possible = sum(g.possible for g in grades)
     manual = sum(g.manual for g in grades)
     lines.append(f"total: {earned:g}/{possible:g} points" + (f" (+{manual:g} graded by hand)" if manual else ""))
-    return "\n".join(lines + notes)
+    extra = [f"{g.chapter}: {change}" for g in grades for change in g.changes]
+    extra += [f"{g.chapter}: flagged for the instructor: {flag}" for g in grades for flag in g.flags]
+    return "\n".join(lines + extra + notes)
 
 
 def main(argv: list[str] | None = None) -> int:

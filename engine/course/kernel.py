@@ -124,3 +124,150 @@ class Kernel:
 def _error(ename: str, evalue: str) -> NotebookNode:
     """An error output, as the kernel would have written it."""
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+
+
+class ChannelTampered(RuntimeError):
+    """A line on the result pipe that the worker did not sign: the notebook's code wrote to it."""
+
+
+class SealedKernel:
+    """The sealed worker (engine.course.seal) as a kernel: cells in, signed results out.
+
+    `plan` is engine.course.exercises.Plan.for_worker(); `wrap` (optional) turns the worker's command
+    line into a sandboxed one (engine.course.sandbox). Results are accepted only when signed with the key
+    this object sent on start and numbered in order, so nothing the notebook prints or writes can pass
+    for a verdict.
+    """
+
+    def __init__(self, plan: dict, cwd: Path, env: dict | None = None, wrap=None, startup_timeout: float = 180):
+        self.plan, self.cwd, self.env, self.wrap = plan, Path(cwd), env, wrap
+        self.startup_timeout = startup_timeout
+        self.process = None
+        self.refused: list[str] = []     # what the worker refused learner code (for the instructor)
+        self.tampered_channel = False
+
+    def __enter__(self) -> "SealedKernel":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        import os
+        import secrets
+        import sys
+        self.key = secrets.token_bytes(32)
+        command_read, command_write = os.pipe()
+        result_read, result_write = os.pipe()
+        argv = [sys.executable, "-c", "from engine.course.seal import main; main()",
+                str(command_read), str(result_write)]
+        if self.wrap is not None:
+            argv = self.wrap(argv, self.cwd)
+        self.process = subprocess.Popen(argv, cwd=str(self.cwd), env=self.env, pass_fds=(command_read, result_write),
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        os.close(command_read)
+        os.close(result_write)
+        self.commands = os.fdopen(command_write, "w", encoding="utf-8")
+        self.results_fd, self.buffer, self.seq = result_read, b"", 0
+        import json
+        self._send(json.dumps(dict(self.plan, key=self.key.hex())))
+        ready = self._receive(0, time.monotonic() + self.startup_timeout)
+        if ready is None:
+            raise RuntimeError("the sealed grading worker did not start (is the sandbox usable?)")
+
+    def stop(self) -> None:
+        import os
+        import signal
+        if self.process is None:
+            return
+        try:
+            self.commands.close()
+        except OSError:
+            pass
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.process.wait()
+        os.close(self.results_fd)
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def _send(self, line: str) -> bool:
+        try:
+            self.commands.write(line + "\n")
+            self.commands.flush()
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def _receive(self, seq: int, deadline: float):
+        """The signed result numbered `seq`, None when the worker died or the deadline passed."""
+        import hashlib
+        import hmac
+        import json
+        import os
+        import select
+        while True:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                body, _, signature = line.decode("utf-8", "replace").rpartition("\t")
+                expected = hmac.new(self.key, body.encode(), hashlib.sha256).hexdigest()
+                if not hmac.compare_digest(signature, expected):
+                    self.tampered_channel = True
+                    continue
+                message = json.loads(body)
+                if message.get("seq") == seq:
+                    return message
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([self.results_fd], [], [], min(remaining, 0.5))
+            if ready:
+                chunk = os.read(self.results_fd, 1 << 20)
+                if not chunk:
+                    return None  # the worker is gone
+                self.buffer += chunk
+            elif self.process.poll() is not None and not self.buffer:
+                return None
+
+    def run_cell(self, source: str, kind: str, name: str | None, timeout: float) -> CellRun:
+        """Run one cell (kind: trusted | learner | test) for at most `timeout` seconds."""
+        import json
+        import os
+        import signal
+        self.seq += 1
+        if not self._send(json.dumps({"source": source, "kind": kind, "name": name})):
+            return CellRun("dead", [_error("DeadKernelError", "the grading worker had exited before this cell; "
+                                           "it was restarted")], usable=False)
+        message = self._receive(self.seq, time.monotonic() + timeout)
+        if message is None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            message = self._receive(self.seq, time.monotonic() + INTERRUPT_GRACE_S)
+            stopped = message is not None
+            return CellRun("timeout", [_error("CellTimeoutError", f"the cell ran longer than {timeout:g} s and was "
+                                              "stopped" + ("" if stopped else "; the worker did not respond and "
+                                                           "was restarted"))], usable=stopped)
+        if message is None:
+            why = "the notebook's code wrote to the grader's result channel" if self.tampered_channel else \
+                "the process running the notebook ended during this cell (for example os._exit, sys.exit in a " \
+                "thread, or a crash); it was restarted"
+            return CellRun("dead", [_error("DeadKernelError", why)], usable=False)
+        self.refused += message.get("refused", [])
+        outputs = [NotebookNode(output) for output in message["outputs"]]
+        for output in outputs:
+            if output.get("output_type") == "error":
+                output["traceback"] = list(output.get("traceback", []))
+        status = {"ok": "ok", "interrupted": "timeout"}.get(message["status"], "error")
+        run = CellRun(status, outputs)
+        run.verdict = message.get("verdict", {})
+        return run

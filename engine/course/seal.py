@@ -1,0 +1,590 @@
+"""The sealed grading worker: a plain Python process that runs a notebook's cells and signs each verdict.
+
+`make grade` and nbgrader's autograde (through engine.course.nbgrader_course.SealedExecute) both run a
+learner's notebook here, one cell at a time, instead of in an IPython kernel whose machinery (input
+transformers, `showtraceback`, ...) the notebook's own code could rewrite. What a learner's cells do to
+the course's code cannot raise their score:
+
+- **Pristine state.** Before any learner code runs, the worker imports the checks, the engine and what
+  the chapter's locked cells import, and records every module's functions, classes and constants
+  (functions down to their code, defaults and closures; the engine's classes down to their methods),
+  the builtins, the import table (`sys.modules`) and the interpreter's hooks. Before each graded test
+  the state is compared with that record and whatever was changed is put back (and reported); after the
+  test it is compared again, and a test during which the checks, torch or the builtins changed earns 0.
+  While a test runs, every return from learner code re-checks the checks, builtins and torch, so a patch
+  undone before the test ends is caught too.
+- **Test cells see the chapter's names.** Names a test cell reads that the chapter's locked cells bound
+  (`ch02`, `torch`, helpers) are bound again to the values those cells gave them before the test runs.
+- **No reaching into the grader.** An audit hook, installed first and impossible to remove, refuses what
+  learner code (and any library call it makes) could use to find or forge the grader's state: frame and
+  garbage-collector introspection, ctypes, tracing and profiling hooks, building code objects, reading
+  /proc/<pid>/mem, new audit hooks.
+- **Verdicts the notebook cannot write.** Results go to the grader on a private pipe, each line signed
+  with a key the grader sends on start (HMAC-SHA256, with a sequence number); a line without a valid
+  signature (learner code writing to the pipe) voids the run. A cell that exits the process, is killed
+  or never reports scores 0: a test passes only on a signed "ok".
+- **Own work.** Before a test, each graded name it uses must be the learner's code: a function defined
+  in the notebook, or a class whose taught methods are (given methods inherited from the engine's
+  reference are fine). Calls from learner code into the engine's reference of a taught function or
+  into the checks' own helpers during a test are recorded, and that test earns 0.
+
+Limits: this is a Python process, so code written deliberately against this worker (hand-made bytecode
+files, native extensions) is out of its reach; sandboxing (engine.course.sandbox) bounds what such code
+can touch, and engine.course.exercises flags submissions that use these tools, for the instructor.
+"""
+from __future__ import annotations
+
+import builtins
+import hashlib
+import hmac
+import io
+import json
+import os
+import re
+import signal
+import sys
+import sysconfig
+import threading
+import traceback
+import types
+
+ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+MAX_STREAM_CHARS = 50_000        # per cell and stream: a flood of prints is cut, not shipped
+TRUSTED_PREFIX = "<trusted "     # the file name of every chapter cell the worker compiles
+LEARNER_PREFIX = "<learner "     # ... and of every learner cell
+
+# Events refused when the first frame above them that is neither library nor engine code is learner code.
+BLOCKED_EVENTS = {
+    "gc.get_objects": "walk the garbage collector's objects",
+    "gc.get_referrers": "walk the garbage collector's objects",
+    "gc.get_referents": "walk the garbage collector's objects",
+    "sys._current_frames": "inspect other frames",
+    "sys._getframe": "inspect frames",
+    "sys.settrace": "install a tracing hook",
+    "sys.setprofile": "install a profiling hook",
+    "code.__new__": "build code objects",
+    "function.__new__": "build functions from code objects",
+    "marshal.loads": "load raw bytecode",
+    "marshal.load": "load raw bytecode",
+}
+BLOCKED_PREFIXES = ("ctypes.", "_ctypes")
+FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"}
+FUNCTION_ATTRIBUTES = {"__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__"}
+PROC_MEMORY = re.compile(r"^/proc/(self|thread-self|\d+)/(task/\d+/)?(mem|maps|smaps|fd|pagemap|environ)")
+# Modules whose functions/constants are guarded (prefix match); others may change as they like.
+GUARDED = ("engine", "torch", "numpy", "builtins", "math", "operator", "functools", "itertools",
+           "collections", "random", "copy", "types", "sys", "hmac", "hashlib", "json", "traceback",
+           "warnings", "contextlib", "dataclasses", "typing", "inspect", "abc", "re", "unittest")
+# Re-checked on every return from learner code while a test runs (cheap, and what a check relies on).
+CRITICAL = ("engine.checks", "builtins", "torch", "engine.course.seal", "sys", "functools")
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    paths = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        for scheme_vars in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
+            try:
+                paths.add(os.path.realpath(sysconfig.get_path(key, vars=scheme_vars or None)))
+                paths.add(sysconfig.get_path(key, vars=scheme_vars or None))
+            except (KeyError, TypeError):
+                pass
+    for path in sys.path:
+        if path and ("site-packages" in path or "dist-packages" in path or path.startswith(sys.base_prefix)):
+            paths.add(path)
+    return tuple(sorted(p.rstrip(os.sep) + os.sep for p in paths if p and p not in ("/", ENGINE_DIR)))
+
+
+def kind_of(filename: str, libraries: tuple[str, ...]) -> str:
+    """trusted (a chapter cell), engine (engine/, the grader included), library, or learner."""
+    if filename.startswith(TRUSTED_PREFIX):
+        return "trusted"
+    if filename.startswith(ENGINE_DIR):
+        return "engine"
+    if filename.startswith(libraries) or filename.startswith("<frozen"):
+        return "library"
+    return "learner"
+
+
+# ----------------------------------------------------------------------------- the pristine record
+
+def _guarded(name: str) -> bool:
+    return any(name == g or name.startswith(g + ".") for g in GUARDED)
+
+
+def _is_learner_object(value, libraries) -> bool:
+    """A function or class made by learner code."""
+    code = getattr(value, "__code__", None) if isinstance(value, types.FunctionType) else None
+    if code is not None:
+        return kind_of(code.co_filename, libraries) == "learner"
+    if isinstance(value, type):
+        return any(isinstance(v, types.FunctionType) and kind_of(v.__code__.co_filename, libraries) == "learner"
+                   for v in list(vars(value).values()))
+    return False
+
+
+def _entries_of(owner: dict) -> list:
+    """(dict, key, value, extras) for every guarded value of a module or class dict."""
+    entries = []
+    for key, value in list(owner.items()):
+        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
+                              types.MethodType, staticmethod, classmethod, property, bool, int, float, str,
+                              bytes, tuple, frozenset, type(None))) or callable(value):
+            extras = ()
+            if isinstance(value, types.FunctionType):
+                extras = (value.__code__, value.__defaults__, value.__kwdefaults__,
+                          tuple(c.cell_contents if _cell_full(c) else c for c in value.__closure__ or ()))
+            entries.append((owner, key, value, extras))
+    return entries
+
+
+def _cell_full(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def snapshot(modules: dict) -> tuple:
+    """Everything guarded, as an immutable record (objects kept alive, compared by identity)."""
+    entries = []
+    module_ids = []
+    for name, module in list(modules.items()):
+        if _guarded(name):
+            module_ids.append((name, module))
+        if not isinstance(module, types.ModuleType) or not _guarded(name):
+            continue
+        namespace = vars(module)
+        engine_module = name.startswith("engine")
+        if name.startswith("torch") and name not in ("torch", "torch.nn.functional", "torch.testing",
+                                                     "torch.functional"):
+            # torch's many submodules: identity of functions and classes only
+            entries += [(namespace, k, v, ()) for k, v in list(namespace.items())
+                        if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type))]
+            continue
+        entries += _entries_of(namespace)
+        if engine_module or name == "torch":
+            for value in list(namespace.values()):
+                if isinstance(value, type) and (value.__module__ == name or value.__module__.startswith("torch")
+                                                and name == "torch" and value.__name__ == "Tensor"):
+                    entries.append((None, value, tuple(vars(value).items()), ()))
+    return tuple(module_ids), tuple(entries)
+
+
+def _class_items_changed(cls, items) -> bool:
+    current = vars(cls)
+    if len(current) != len(items):
+        return True
+    return any(current.get(k, _MISSING) is not v for k, v in items
+               if k not in ("__weakref__", "__dict__", "_abc_impl", "__parameters__"))
+
+
+_MISSING = object()
+
+
+def differences(record: tuple, modules: dict, libraries: tuple[str, ...], repair: bool) -> list[str]:
+    """What differs from the record (put back when repair)."""
+    module_ids, entries = record
+    found = []
+    for name, module in module_ids:
+        if modules.get(name) is not module:
+            found.append(f"sys.modules[{name!r}]")
+            if repair:
+                modules[name] = module
+    for owner, key, value, extras in entries:
+        if owner is None:  # a class: key is the class, value its items
+            if _class_items_changed(key, value):
+                found.append(f"{key.__module__}.{key.__qualname__}")
+                if repair:
+                    current = vars(key)
+                    for k in [k for k in list(current) if k not in dict(value)]:
+                        try:
+                            delattr(key, k)
+                        except (AttributeError, TypeError):
+                            pass
+                    for k, v in value:
+                        if current.get(k, _MISSING) is not v:
+                            try:
+                                setattr(key, k, v)
+                            except (AttributeError, TypeError):
+                                pass
+            continue
+        current = owner.get(key, _MISSING)
+        changed = current is not value
+        if not changed and extras:
+            code, defaults, kwdefaults, closure = extras
+            now = tuple(c.cell_contents if _cell_full(c) else c for c in value.__closure__ or ())
+            changed = (value.__code__ is not code or value.__defaults__ is not defaults
+                       or value.__kwdefaults__ is not kwdefaults or len(now) != len(closure)
+                       or any(a is not b for a, b in zip(now, closure)))
+            if changed and repair:
+                value.__code__, value.__defaults__, value.__kwdefaults__ = code, defaults, kwdefaults
+                for cell, content in zip(value.__closure__ or (), closure):
+                    if _cell_full(cell) and cell.cell_contents is not content:
+                        cell.cell_contents = content
+        if changed:
+            label = owner.get("__name__", "?") if isinstance(owner, dict) else "?"
+            found.append(f"{label}.{key}")
+            if repair and current is not value:
+                owner[key] = value
+    recorded = {name for name, _ in module_ids}
+    for name, module in list(modules.items()):  # entries new since the record: no learner code inside
+        if name in recorded or not _guarded(name):
+            continue
+        if not isinstance(module, types.ModuleType):
+            found.append(f"sys.modules[{name!r}] (not a module)")
+        elif any(_is_learner_object(v, libraries) for v in list(vars(module).values())):
+            found.append(f"sys.modules[{name!r}] (a module made by the notebook)")
+        else:
+            continue
+        if repair:
+            del modules[name]
+    return found
+
+
+def hooks_state(baseline_threads: int) -> list[str]:
+    """Hooks and threads that would let code run during a check unseen."""
+    found = []
+    if sys.gettrace() is not None:
+        found.append("a tracing hook (sys.settrace)")
+    if threading._trace_hook is not None or threading._profile_hook is not None:  # noqa: SLF001
+        found.append("a thread tracing hook")
+    if len(sys._current_frames()) > baseline_threads:
+        found.append("a thread the notebook started, still running")
+    return found
+
+
+# ----------------------------------------------------------------------------- running cells
+
+class _Capture(io.TextIOBase):
+    """A stream that keeps what is written (up to MAX_STREAM_CHARS)."""
+
+    def __init__(self):
+        self.parts, self.size = [], 0
+
+    def write(self, text):
+        text = str.__str__(text) if isinstance(text, str) else str(text)
+        if self.size < MAX_STREAM_CHARS:
+            self.parts.append(text[:MAX_STREAM_CHARS - self.size])
+            self.size += len(text)
+        return len(text)
+
+    def writable(self):
+        return True
+
+    def text(self) -> str:
+        value = "".join(self.parts)
+        return value + ("\n[... output cut ...]\n" if self.size > MAX_STREAM_CHARS else "")
+
+
+def _error_output(exc: BaseException) -> dict:
+    try:
+        ename = type(exc).__name__
+        evalue = str(exc)
+        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    except BaseException as broken:  # an exception whose __str__ misbehaves
+        ename, evalue, lines = type(exc).__name__, f"(its message could not be shown: {type(broken).__name__})", []
+    return {"output_type": "error", "ename": str.__str__(ename), "evalue": str.__str__(evalue),
+            "traceback": [str.__str__(line) for line in lines][-12:]}
+
+
+def _names_bound(source: str) -> set[str]:
+    """Top-level names a cell binds (assignments, imports, defs, classes)."""
+    import ast
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name):
+                        names.add(sub.id)
+    return names
+
+
+def _names_read(source: str) -> set[str]:
+    import ast
+    try:
+        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
+
+
+def _own_work(name: str, spec: dict, namespace: dict, libraries) -> str:
+    """'' when `name` is the learner's code; else why not."""
+    if name not in namespace:
+        return ""  # the test fails on its own (NameError)
+    value = namespace[name]
+    methods = spec.get("methods")
+    where = spec.get("reference") or "the engine"
+
+    def origin(fn) -> str:
+        code = getattr(fn, "__code__", None)
+        if not isinstance(fn, types.FunctionType) or code is None:
+            return f"not a function written in the notebook ({type(fn).__name__})"
+        kind = kind_of(code.co_filename, libraries)
+        if kind == "learner" and code.co_filename.startswith(LEARNER_PREFIX):
+            return ""
+        if kind == "learner":
+            return "code that was not written in a notebook cell"
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}, the {kind}'s code"
+
+    if not methods:
+        why = origin(value)
+        return f"{name} is {why}" if why else ""
+    if not isinstance(value, type):
+        return f"{name} is not a class written in the notebook ({type(value).__name__})"
+    for method in methods:
+        owner = next((k for k in value.__mro__ if method in vars(k)), None)
+        if owner is None:
+            return f"{name} has no method {method}"
+        fn = vars(owner)[method]
+        fn = getattr(fn, "__func__", fn)
+        why = origin(fn)
+        if why:
+            inherited = f" (inherited from {owner.__module__}.{owner.__qualname__})" if owner is not value else ""
+            return f"{name}.{method} is {why}{inherited}"
+    del where
+    return ""
+
+
+def make_profile(critical: tuple, references: frozenset, libraries: tuple, audit, getframe_unused=None):
+    """The profiling function used while a test runs: no closure, its state in immutable defaults."""
+
+    def profile(frame, event, arg, _critical=critical, _refs=references, _libs=libraries, _audit=audit,
+                _kind=kind_of, _missing=_MISSING):
+        if event == "call":
+            if frame.f_code in _refs:
+                caller = frame.f_back
+                while caller is not None and _kind(caller.f_code.co_filename, _libs) == "library":
+                    caller = caller.f_back
+                if caller is not None and _kind(caller.f_code.co_filename, _libs) == "learner":
+                    _audit("course.delegation", frame.f_code.co_qualname, caller.f_code.co_filename)
+        elif event == "return" and _kind(frame.f_code.co_filename, _libs) == "learner":
+            for owner, key, value in _critical:
+                if owner.get(key, _missing) is not value:
+                    _audit("course.tamper", f"{owner.get('__name__', '?')}.{key}")
+                    break
+    return profile
+
+
+def main() -> None:
+    """Serve one grading run: read the key and plan, then run cells as the grader asks."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader interrupts cells, never the worker itself
+    command_fd, result_fd = int(sys.argv[1]), int(sys.argv[2])
+    commands = os.fdopen(command_fd, "r", encoding="utf-8", closefd=True)
+    results = os.fdopen(result_fd, "w", encoding="utf-8", closefd=True)
+    first = json.loads(commands.readline())
+    key = bytes.fromhex(first.pop("key"))
+    plan = first
+    libraries = _library_prefixes()
+    state = {"events": [], "delegations": [], "tampered": []}
+    guard = [False]
+
+    def audit_hook(event, args, _libs=libraries, _kind=kind_of, _blocked=BLOCKED_EVENTS,
+                   _harness=os.path.abspath(__file__)):
+        if event.startswith("course."):
+            if event == "course.delegation":
+                state["delegations"].append(f"{args[0]} (called from {args[1]})")
+            elif event == "course.tamper":
+                state["tampered"].append(str(args[0]))
+            return
+        reason = _blocked.get(event)
+        if reason is None:
+            if event.startswith(BLOCKED_PREFIXES):
+                reason = "use ctypes"
+            elif event == "sys.addaudithook":
+                raise RuntimeError("graded code may not add audit hooks")
+            elif event == "object.__getattr__" and args[1] in FRAME_ATTRIBUTES:
+                reason = "inspect frames"
+            elif event == "object.__setattr__" and args[1] in FUNCTION_ATTRIBUTES:
+                reason = f"replace a function's {args[1]}"
+            elif event == "open" and isinstance(args[0], str) and PROC_MEMORY.match(args[0]):
+                reason = "read the process's memory"
+            elif event == "compile" and len(args) > 1 and isinstance(args[1], str) and not (
+                    args[1].startswith("<") and not args[1].startswith((TRUSTED_PREFIX, "<frozen"))):
+                reason = f"compile code under the file name {args[1]!r}"
+                if not args[1].startswith("<"):
+                    event = "marshal.compile"  # an import compiling a library file is fine: only direct calls
+            else:
+                return
+        if guard[0]:
+            return
+        guard[0] = True
+        try:
+            frame = sys._getframe(1)
+            immediate = True
+            while frame is not None:
+                kind = _kind(frame.f_code.co_filename, _libs)
+                if kind == "trusted":
+                    return
+                if kind == "learner":
+                    if event.startswith("marshal.") and not immediate:
+                        return
+                    state["events"].append(reason + (" @" + frame.f_code.co_filename if os.environ.get("SEAL_DEBUG") else ""))
+                    raise ValueError(f"graded code may not {reason} (the grader refused {event})")
+                if kind == "engine" and frame.f_code.co_filename == _harness:
+                    return  # the grader's own code (learner code it runs sits above it on the stack)
+                immediate = False
+                frame = frame.f_back
+        finally:
+            guard[0] = False
+
+    sys.addaudithook(audit_hook)
+    if plan.get("mpl_agg", True):
+        os.environ.setdefault("MPLBACKEND", "Agg")
+    import warnings
+    warnings.filterwarnings("ignore", message=".*non-interactive.*")
+    warnings.filterwarnings("ignore", message=".*FigureCanvasAgg.*")
+    for module in plan.get("preimport", []):
+        try:
+            __import__(module)
+        except Exception:  # a broken import fails later, in its cell, with its own message
+            pass
+    references = _install_references(plan.get("references", []), plan.get("helpers", []))
+    record = snapshot(sys.modules)
+    critical = tuple((vars(m), k, v) for name, m in list(sys.modules.items())
+                     if isinstance(m, types.ModuleType) and (name in CRITICAL or name.startswith("engine.checks"))
+                     for k, v in list(vars(m).items())
+                     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)))
+    profile = make_profile(critical, references, libraries, sys.audit)
+    baseline_threads = len(sys._current_frames())
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    trusted_bindings: dict = {}
+    graded = plan.get("graded", {})
+    seq = 0
+
+    def send(message: dict) -> None:
+        body = json.dumps(message, ensure_ascii=True)
+        signature = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+        results.write(f"{body}\t{signature}\n")
+        results.flush()
+
+    send({"seq": 0, "ready": True})
+    for line in commands:
+        seq += 1
+        job = json.loads(line)
+        source, kind, name = job["source"], job["kind"], job.get("name") or f"cell{seq}"
+        is_test = kind == "test"
+        notes, own = [], []
+        if is_test:
+            repaired = differences(record, sys.modules, libraries, repair=True)
+            repaired += hooks_state(baseline_threads)
+            sys.settrace(None)
+            threading.settrace(None)  # type: ignore[arg-type]
+            if repaired:
+                notes.append("put back before this test: " + ", ".join(sorted(set(repaired))[:8]))
+            for used in sorted(_names_read(source)):
+                if used in trusted_bindings and used not in graded:
+                    namespace[used] = trusted_bindings[used]
+                if used in graded:
+                    why = _own_work(used, graded[used], namespace, libraries)
+                    if why:
+                        own.append(why)
+            state["delegations"].clear()
+            state["tampered"].clear()
+        filename = f"{TRUSTED_PREFIX if kind in ('trusted', 'test') else LEARNER_PREFIX}{name}>"
+        out, err = _Capture(), _Capture()
+        outputs, status = [], "ok"
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = out, err
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            code = compile(source, filename, "exec")
+            if is_test:
+                sys.setprofile(profile)
+            try:
+                exec(code, namespace)
+            finally:
+                if is_test:
+                    sys.setprofile(None)
+        except KeyboardInterrupt as exc:
+            status = "interrupted"
+            outputs_error = _error_output(exc)
+        except BaseException as exc:  # SystemExit included: leaving early is a failed cell
+            status = "error"
+            outputs_error = _error_output(exc)
+        else:
+            outputs_error = None
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            sys.stdout, sys.stderr = saved
+        if out.text():
+            outputs.append({"output_type": "stream", "name": "stdout", "text": out.text()})
+        if err.text():
+            outputs.append({"output_type": "stream", "name": "stderr", "text": err.text()})
+        if outputs_error:
+            outputs.append(outputs_error)
+        if "matplotlib.pyplot" in sys.modules:
+            try:
+                sys.modules["matplotlib.pyplot"].close("all")
+            except Exception:
+                pass
+        verdict = {}
+        if is_test:
+            after = differences(record, sys.modules, libraries, repair=True) + hooks_state(baseline_threads)
+            tampered = sorted(set(after + state["tampered"]))
+            reasons = []
+            if own:
+                reasons.append("; ".join(own) + ": the exercise must be your own code")
+            if state["delegations"]:
+                reasons.append("the code under test called the engine's reference or the checks' own helpers "
+                               f"({', '.join(sorted(set(state['delegations']))[:3])}): the exercise must be your "
+                               "own code")
+            if tampered:
+                reasons.append("the code under test changed what the checks rely on ("
+                               + ", ".join(tampered[:6]) + "); a test only counts when the course's code runs "
+                               "as shipped")
+            if reasons and status == "ok":
+                status = "error"
+                outputs.append({"output_type": "error", "ename": "GradingRefused", "evalue": " ".join(reasons),
+                                "traceback": ["GradingRefused: " + " ".join(reasons)]})
+            verdict = {"own_work": own, "delegations": list(state["delegations"]), "tampered": tampered,
+                       "notes": notes}
+        elif kind == "trusted" and status == "ok":
+            for bound in _names_bound(source):
+                if bound in namespace:
+                    trusted_bindings[bound] = namespace[bound]
+        events = sorted(set(state["events"]))
+        state["events"].clear()
+        send({"seq": seq, "status": status, "outputs": outputs, "verdict": verdict, "refused": events})
+
+
+def _install_references(references: list, helpers: list) -> frozenset:
+    """The code objects of the taught reference functions and the checks' helpers (called from learner
+    code during a test, they void it)."""
+    codes = set()
+    for module_name, qualname in references:
+        try:
+            target = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+            for part in qualname.split("."):
+                target = getattr(target, part)
+            target = getattr(target, "__func__", target)
+            if isinstance(target, types.FunctionType):
+                codes.add(target.__code__)
+        except Exception:
+            pass
+    for module_name in helpers:
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, types.FunctionType) and value.__module__ == module_name \
+                    and not getattr(value, "is_check", False):
+                codes.add(value.__code__)
+            elif isinstance(value, type) and value.__module__ == module_name:
+                codes.update(v.__code__ for v in vars(value).values() if isinstance(v, types.FunctionType))
+    return frozenset(codes)
+
+
+if __name__ == "__main__":
+    main()
