@@ -14,6 +14,7 @@ exception becomes "crashed with ...", naming the function and line where it happ
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 import traceback
 from typing import Any, Callable, NoReturn
@@ -58,8 +59,15 @@ def fail(what: str, expected: Any = None, got: Any = None, hint: str | None = No
 
 
 def expect_equal(got: Any, expected: Any, what: str, hint: str | None = None) -> None:
-    """Fail unless `got == expected` (lists, tuples and ints compared as plain values)."""
-    if _plain(got) != _plain(expected):
+    """Fail unless `got == expected` (lists, tuples and ints compared as plain values).
+
+    Only built-in values are compared: an object with its own idea of equality (an `__eq__` that says
+    yes to everything) fails here instead of passing for the right answer.
+    """
+    plain_got, plain_expected = _plain(got), _plain(expected)
+    if _builtin(plain_expected) and not _builtin(plain_got):
+        fail(what, expected, f"a {type(got).__name__} object, not a plain value", hint)
+    if plain_got != plain_expected:
         fail(what, expected, got, hint)
 
 
@@ -87,8 +95,7 @@ def compare_logits(got: torch.Tensor, expected: torch.Tensor, what: str, first_p
     `first_position` is the sequence position of row 0, so the message can name the position where
     the two runs first part ways.
     """
-    got = torch.as_tensor(got).detach().to("cpu", torch.float32)
-    expected = torch.as_tensor(expected).detach().to("cpu", torch.float32)
+    got, expected = _plain_tensor(got), _plain_tensor(expected)
     if got.shape != expected.shape:
         fail(f"{what}: the logits have the wrong shape", tuple(expected.shape), tuple(got.shape), hint)
     if not torch.isfinite(got).all():
@@ -157,9 +164,39 @@ def _learner_frame(exc: BaseException) -> str:
     return summary[-1].name if summary else "your code"
 
 
+def _plain_tensor(value: Any) -> torch.Tensor:
+    """A plain float32 CPU tensor: a tensor subclass loses its own operators (`__torch_function__`)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        value = torch.as_tensor(value)
+        return torch.Tensor.clone(value.detach()).to("cpu", torch.float32)
+
+
+_BUILTIN_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _builtin(value: Any) -> bool:
+    """Made only of built-in scalars, lists, tuples and dicts (exact types, no subclasses)."""
+    if type(value) in _BUILTIN_SCALARS:
+        return True
+    if type(value) in (list, tuple):
+        return all(_builtin(v) for v in value)
+    if type(value) is dict:
+        return all(_builtin(k) and _builtin(v) for k, v in value.items())
+    return False
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.tolist()
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.tolist(value.detach())
+    if isinstance(value, bool) or type(value) in _BUILTIN_SCALARS:
+        return bool(value) if isinstance(value, bool) else value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, str):
+        return str.__str__(value)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
