@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import shutil
 import subprocess
 import sys
@@ -22,12 +23,18 @@ import nbformat
 from . import cells
 from .paths import chapter_files, chapter_name, offline_cpu_environ, repo_root, venv_environ
 from .source import load_chapter
+from .widgets import STATIC_ENV as EXPLORERS_ENV
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 EXECUTE_TIMEOUT_S = 600  # per cell; the kernel chapter runs Triton in the CPU interpreter
 # Pages the book's table of contents names; until the chapter author writes one, the build uses a stub.
 WRITTEN_PAGES = ("intro.md", "course_guide.md")
 STUB_PAGE = "# {title}\n\n*This page is not written yet (no book/{name} in the repository).*\n"
+RUBRIC_LABEL = "**Rubric: the model answer (instructor edition only)"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+CHROMIUM_HINT = ("needs Chromium: `sudo apt-get install chromium` (Debian/Ubuntu), or set COURSE_CHROMIUM to a "
+                 "Chromium or Chrome binary")
 
 
 def execute_chapter(chapter_path: Path, workdir: Path, timeout: int = EXECUTE_TIMEOUT_S):
@@ -37,7 +44,9 @@ def execute_chapter(chapter_path: Path, workdir: Path, timeout: int = EXECUTE_TI
     client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=False,
                             extra_arguments=["--HistoryManager.hist_file=:memory:"],
                             resources={"metadata": {"path": str(workdir)}})
-    client.execute(env=offline_cpu_environ(), stderr=subprocess.DEVNULL)  # the kernel process's own noise
+    # Explorers precompute every state here (the grader's environment asks them for the default view only).
+    env = offline_cpu_environ({EXPLORERS_ENV: "all"})
+    client.execute(env=env, stderr=subprocess.DEVNULL)  # the kernel process's own noise
     return stable_widget_ids(notebook)
 
 
@@ -83,12 +92,13 @@ def stage(chapters: dict[str, object], stage_dir: Path, book_dir: Path) -> None:
         nbformat.write(notebook, stage_dir / "chapters" / f"{name}.ipynb")
 
 
-def build_html(stage_dir: Path, out_html: Path) -> Path:
-    """jupyter-book build of stage_dir, copied to out_html; raises with the log if the build fails."""
+def build_html(stage_dir: Path, out_html: Path, builder: str = "html") -> Path:
+    """jupyter-book build of stage_dir (builder "html", or "singlehtml": the whole book as one page),
+    copied to out_html; raises with the log if the build fails."""
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
-    command = [str(jupyter_book), "build", str(stage_dir), "--builder", "html", "--keep-going"]
+    command = [str(jupyter_book), "build", str(stage_dir), "--builder", builder, "--keep-going"]
     result = subprocess.run(command, env=venv_environ(), capture_output=True, text=True)
-    built = stage_dir / "_build" / "html"
+    built = stage_dir / "_build" / builder
     if result.returncode != 0 or not (built / "index.html").exists():
         raise RuntimeError(f"jupyter-book build failed (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
     shutil.rmtree(out_html, ignore_errors=True)
@@ -97,14 +107,83 @@ def build_html(stage_dir: Path, out_html: Path) -> Path:
     return out_html
 
 
+def instructor_edition(executed):
+    """The executed chapter with every written answer (a hand-graded solution cell) marked as the
+    rubric: the model answer the instructor grades against, shown only in this edition."""
+    edition = copy.deepcopy(executed)
+    for cell in edition.cells:
+        if cell.cell_type == "markdown" and cells.is_solution(cell) and cells.is_graded(cell):
+            points = cells.points(cell)
+            cell.source = f"{RUBRIC_LABEL} ({points:g} points)**\n\n{cell.source}"
+    return edition
+
+
 def build_book(executed: dict[str, object], out_html: Path, instructor: bool = False,
-               book_dir: Path | None = None, stage_dir: Path | None = None) -> Path:
+               book_dir: Path | None = None, stage_dir: Path | None = None, builder: str = "html") -> Path:
     """Stage the executed chapters (stubbed unless `instructor`) with book/'s pages and build the HTML."""
     root = repo_root()
-    edition = executed if instructor else {name: learner_edition(nb) for name, nb in executed.items()}
+    make_edition = instructor_edition if instructor else learner_edition
+    edition = {name: make_edition(notebook) for name, notebook in executed.items()}
     stage_dir = stage_dir or root / "build" / "book" / ("instructor" if instructor else "learner")
     stage(edition, stage_dir, book_dir or root / "book")
-    return build_html(stage_dir, out_html)
+    return build_html(stage_dir, out_html, builder=builder)
+
+
+def chromium_executable() -> str | None:
+    """Chromium for the PDF and the browser tests: $COURSE_CHROMIUM, else `chromium` (Debian's package)
+    or `chromium-browser` on PATH; None if there is none."""
+    for candidate in (os.environ.get("COURSE_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser"),
+                      "/usr/bin/chromium"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def launch_chromium(playwright):
+    """Headless Chromium through Playwright's Python package (no browser download: the system's Chromium).
+
+    --no-sandbox lets it run as root (containers); the background-networking flags keep it from calling
+    home, so a machine without network stays quiet."""
+    executable = chromium_executable()
+    if executable is None:
+        raise RuntimeError(CHROMIUM_HINT)
+    return playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+
+
+def wait_for_math(page, timeout_ms: int = 60_000) -> None:
+    """Wait until MathJax (if the page loads it) has typeset the page."""
+    page.wait_for_function("() => !document.querySelector('script[src*=\"mathjax\"]') || "
+                           "(window.MathJax && window.MathJax.startup && window.MathJax.startup.promise)",
+                           timeout=timeout_ms)
+    page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+
+
+def print_pdf(page_path: Path, out_pdf: Path) -> Path:
+    """Chromium's print-to-PDF of one local HTML page, once its math is typeset."""
+    from playwright.sync_api import sync_playwright
+
+    out_pdf.parent.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        try:
+            page = browser.new_page()
+            page.goto(page_path.resolve().as_uri(), wait_until="load")
+            wait_for_math(page)
+            page.emulate_media(media="print")
+            page.pdf(path=str(out_pdf), format="A4", print_background=True,
+                     margin={"top": "15mm", "bottom": "15mm", "left": "12mm", "right": "12mm"})
+        finally:
+            browser.close()
+    return out_pdf
+
+
+def build_pdf(executed: dict[str, object], out_pdf: Path, stage_dir: Path | None = None) -> Path:
+    """The learner edition as one page (jupyter-book's singlehtml builder), printed to out_pdf by Chromium."""
+    root = repo_root()
+    stage_dir = stage_dir or root / "build" / "book" / "pdf"
+    single = build_book(executed, stage_dir.parent / f"{stage_dir.name}-singlehtml", stage_dir=stage_dir,
+                        builder="singlehtml")
+    return print_pdf(single / "index.html", out_pdf)
 
 
 def execute_all(chapters: list[Path], workdir: Path) -> dict[str, object]:
@@ -124,14 +203,22 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instructor", action="store_true", help="show the solutions")
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
+    parser.add_argument("--pdf", action="store_true", help="the learner edition as one PDF (Chromium prints "
+                        "the single-page build; default book/_build/pdf/book.pdf)")
     parser.add_argument("--out", type=Path, help="where the HTML goes "
                         "(default book/_build/html, or book/_build/instructor-html)")
     args = parser.parse_args(argv)
     chapters = chapter_files(args.solutions)
     if not chapters:
         parser.error(f"no chapters (chNN_topic.py) in {args.solutions}")
-    out = args.out or root / "book" / "_build" / ("instructor-html" if args.instructor else "html")
+    if args.pdf and chromium_executable() is None:
+        parser.error(f"make book-pdf {CHROMIUM_HINT}")
     executed = execute_all(chapters, root / "build" / "book" / "run")
+    if args.pdf:
+        pdf = build_pdf(executed, args.out or root / "book" / "_build" / "pdf" / "book.pdf")
+        print(f"built the book as a PDF: {pdf}")
+        return 0
+    out = args.out or root / "book" / "_build" / ("instructor-html" if args.instructor else "html")
     html = build_book(executed, out, instructor=args.instructor)
     print(f"built {'instructor' if args.instructor else 'learner'} edition: {html / 'index.html'}")
     return 0

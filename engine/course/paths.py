@@ -59,6 +59,7 @@ def offline_cpu_environ(extra: dict[str, str] | None = None) -> dict[str, str]:
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            "COURSE_EXPLORERS": "static",  # explorers draw their default view only (the book turns this off)
         }
     )
     env.update(extra or {})
