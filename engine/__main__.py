@@ -10,6 +10,7 @@ COMMANDS = {
     "fork": ("engine.demos.fork", "fork a prompt 4 ways: blocks shared, then copied on write"),
     "prefix": ("engine.demos.prefix", "8 requests sharing a system prompt: prefill and blocks saved"),
     "bench-alloc": ("engine.demos.bench_alloc", "allocator cost per operation from 1k to 1M blocks"),
+    "bench-prefix": ("engine.demos.bench_prefix", "prefix-cache eviction cost per block from 1k to 1M entries"),
     "bench": ("engine.serve.bench", "continuous batching: paged vs static slots under one KV budget"),
 }
 

@@ -216,13 +216,15 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def prefix_entries_are_consistent(self):
-        entries, order = self.prefix.entries, list(self.prefix.entries)
+        entries = self.prefix.entries
         assert {e.block: e.key for e in entries.values()} == self.prefix.block_keys
-        for position, entry in enumerate(entries.values()):
+        for entry in entries.values():
             children = [e for e in entries.values() if e.parent == entry.key]
             assert entry.children == len(children)
-            if entry.parent is not None:             # leaves before parents: the parent is more recent
-                assert order.index(entry.parent) > position
+        # The eviction line holds exactly the leaves that only the cache holds: leaves before parents,
+        # never a block in use, and evict() never has to step over anything.
+        evictable = {k for k, e in entries.items() if not e.children and self.cache.allocator.refcount(e.block) == 1}
+        assert set(self.prefix.lru) == evictable and len(self.prefix.lru) == len(evictable)
 
     def teardown(self):
         for seq in list(self.tokens):

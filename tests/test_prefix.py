@@ -131,7 +131,7 @@ def test_exact_eviction_order_lru_with_leaves_before_parents(tiny):
     for seq in (0, 1, 2):
         cache.free(seq)
     assert prefix.evict(cache.allocator.num_free) == 0        # already enough free: nothing goes
-    assert [e.block for e in prefix.entries.values()] == [f2, e3, e2, e1]
+    assert [e.block for e in prefix.lru.values()] == [f2, e3]  # only leaves nobody holds are in line
     assert blocks_evicted_one_by_one(prefix) == [f2, e3, e2, e1]
     assert cache.allocator.num_free == cache.num_blocks and not prefix.entries and not prefix.block_keys
 
@@ -197,3 +197,125 @@ def test_reset_refuses_while_blocks_are_in_use_then_returns_the_pool(tiny):
 def test_an_empty_prompt_is_refused():
     with pytest.raises(ValueError, match="sequence 3: an empty prompt"):
         PrefixCache(None).attach(3, [])
+
+
+# ---- a key of the block's own tokens: the quiet failure the tests above cannot see ----------------
+
+class OwnTokensKey(PrefixCache):
+    """Planted bug: each block keyed by its own tokens alone. The parent is still checked on lookup,
+    so nothing wrong is shared; but X after A and X after B want the same entry, and the second
+    request's X is never published."""
+
+    def chain(self, tokens, salt=None, extra_keys=()):
+        for _, parent, block_tokens, extra in super().chain(tokens, salt, extra_keys):
+            yield self.hash_fn(None, block_tokens, extra), parent, block_tokens, extra
+
+
+class OwnTokensKeyOverwrites(OwnTokensKey):
+    """The same bug with a remember() that replaces a mismatching entry: X after B evicts X after A."""
+
+    def remember(self, seq, tokens, salt=None, extra_keys=()):
+        for index, (key, parent, block_tokens, extra) in enumerate(self.chain(tokens[:self.cache.length(seq)],
+                                                                                salt, extra_keys)):
+            entry = self.entries.get(key)
+            if entry is not None and not self.matches(entry, parent, block_tokens, extra):
+                self.forget(entry) if entry.children == 0 else None
+            if key not in self.entries and self.cache.tables[seq][index] not in self.block_keys:
+                self.publish(self.cache.tables[seq][index], key, parent, block_tokens, extra)
+
+
+def reuse_when_two_histories_share_a_block_text(model, prefix_class):
+    """Serve A+X, B+X, then A+X and B+X again; return the tokens each of the last two reused."""
+    cache = PagedKVCache(model.config, 32, block_size=BS)
+    prefix = prefix_class(cache)
+    a, b, x = seeded_tokens(BS, 21), seeded_tokens(BS, 22), seeded_tokens(BS, 23)
+    reused = []
+    for seq, prompt in enumerate([a + x + [1], b + x + [2], a + x + [3], b + x + [4]]):
+        got, gap = serve(model, cache, prefix, seq, prompt)
+        assert gap < ATOL
+        reused.append(got)
+        cache.free(seq)
+    return reused[2:]
+
+
+def test_two_histories_with_the_same_block_text_both_keep_hitting(tiny):
+    assert reuse_when_two_histories_share_a_block_text(tiny, PrefixCache) == [2 * BS, 2 * BS]
+
+
+@pytest.mark.parametrize("bug", [OwnTokensKey, OwnTokensKeyOverwrites], ids=lambda c: c.__name__)
+def test_the_test_above_catches_a_key_of_the_blocks_own_tokens(tiny, bug):
+    reused = reuse_when_two_histories_share_a_block_text(tiny, bug)
+    assert reused != [2 * BS, 2 * BS] and min(reused) == BS     # one of the two lost its second block
+
+
+# ---- counting: an admission the scheduler undoes is no hit -----------------------------------------
+
+def test_detach_undoes_attach_and_its_counts(tiny):
+    cache, prefix = setup(tiny)
+    prompt = seeded_tokens(2 * BS + 1, 24)
+    serve(tiny, cache, prefix, 0, prompt)
+    before = (prefix.stats(), [cache.allocator.refcount(b) for b in cache.tables[0]], cache.allocator.num_free)
+    assert prefix.attach(1, prompt) == 2 * BS
+    prefix.detach(1)
+    assert 1 not in cache.tables
+    assert (prefix.stats(), [cache.allocator.refcount(b) for b in cache.tables[0]],
+            cache.allocator.num_free) == before
+
+
+def test_stats_count_only_admissions_that_stand(tiny):
+    # Request 2 hits the cache but cannot fit while request 1 runs: the scheduler attaches it, finds
+    # no room, and undoes the attach, step after step. Only the admission that stands is a query.
+    from engine.sampling import SamplingParams
+    from engine.serve.engine import Engine
+    cache = PagedKVCache(tiny.config, 11, block_size=BS)
+    engine = Engine(tiny, cache)
+    prefix = engine.scheduler.prefix
+    attaches = []
+    attach = prefix.attach
+    prefix.attach = lambda seq, *args, **kwargs: attaches.append(seq) or attach(seq, *args, **kwargs)
+    shared = seeded_tokens(2 * BS, 25)
+    engine.generate([shared + [1]], SamplingParams(max_tokens=1))
+    engine.add_request(seeded_tokens(5 * BS, 26), SamplingParams(max_tokens=3 * BS))
+    engine.add_request(shared + seeded_tokens(3 * BS, 27), SamplingParams(max_tokens=1))
+    engine.run(progress=False)
+    assert len(attaches) > 3                          # the third request was attached and undone
+    assert prefix.stats()["queries"] == 3 == engine.scheduler.prefix_stats["queries"]
+    assert prefix.stats()["hits"] == 1 and prefix.stats()["tokens_saved"] == 2 * BS
+
+
+# ---- eviction is O(1) per block: the line holds only what may go ------------------------------------
+
+def test_the_eviction_line_holds_exactly_the_evictable_entries(tiny):
+    cache, prefix = setup(tiny, num_blocks=40)
+    prompts = [seeded_tokens(2 * BS + 1, 30 + i) for i in range(4)]
+    for seq, prompt in enumerate(prompts):
+        serve(tiny, cache, prefix, seq, prompt)
+
+    def line_is_exact():
+        evictable = {k for k, e in prefix.entries.items() if e.children == 0 and cache.allocator.refcount(e.block) == 1}
+        return set(prefix.lru) == evictable
+
+    assert not prefix.lru and line_is_exact()        # every cached block is held by its sequence
+    leaves = [cache.tables[seq][1] for seq in (2, 0)]
+    for seq in (2, 0):
+        cache.free(seq)
+        assert line_is_exact()
+    assert [e.block for e in prefix.lru.values()] == leaves   # in the order they were let go
+    cache.fork(1, 9)                                  # more owners: nothing changes in the line
+    assert prefix.attach(10, prompts[0]) == 2 * BS    # a hit takes sequence 0's chain out of the line
+    assert line_is_exact() and len(prefix.lru) == 1
+    prefix.detach(10)
+    assert line_is_exact() and len(prefix.lru) == 2
+
+
+def test_evict_never_looks_at_blocks_in_use(tiny):
+    cache, prefix = setup(tiny, num_blocks=64)
+    for seq in range(12):
+        serve(tiny, cache, prefix, seq, seeded_tokens(2 * BS + 1, 40 + seq))
+    cache.free(0)                                     # one chain of two blocks may go; 22 blocks are held
+    looked = []
+    inner = cache.allocator.inner
+    refcount = inner.refcount
+    inner.refcount = lambda block: looked.append(block) or refcount(block)
+    assert prefix.evict(cache.num_blocks) == 2
+    assert len(looked) <= 4                           # the two victims (and a parent check), not the 22

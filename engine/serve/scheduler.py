@@ -192,7 +192,7 @@ class Scheduler:
         # blocks_wanted also counts the copy of a shared last block that the first write triggers.
         need = self.cache.blocks_wanted(seq.seq_id, len(seq.tokens) - reused) + self.margin()
         if not self.make_room(need):
-            self.release(seq)                          # undo the attach: nothing changes
+            self.detach(seq)                           # undo the attach: nothing changes
             return 0
         seq.num_computed = seq.cached_tokens = reused
         count = min(seq.num_pending, budget)
@@ -207,6 +207,14 @@ class Scheduler:
             return self.prefix.attach(seq.seq_id, seq.tokens)
         self.cache.create(seq.seq_id)
         return 0
+
+    def detach(self, seq: Sequence) -> None:
+        """Undo attach(): free `seq` again; the prefix cache also takes back the lookup it counted."""
+        if self.prefix:
+            self.prefix.detach(seq.seq_id)
+        else:
+            self.cache.free(seq.seq_id)
+        self.evictable = True
 
     def count_prefix_hit(self, seq: Sequence) -> None:
         """Record an admitted sequence's prefix-cache lookup."""
