@@ -1,0 +1,65 @@
+"""Chapter 3's figures: a paged pool slot by slot, and utilization against block size. The chapter
+computes the numbers (through a cache); these functions only draw them."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+
+
+def draw_pool(cache, title: str = "") -> None:
+    """Every physical block of `cache` as a row of slots, coloured by the sequence whose table names it;
+    a filled slot shows the position it holds, a pale one is reserved room, a white row is free."""
+    owner = {block: (seq, index) for seq, table in cache.tables.items() for index, block in enumerate(table)}
+    bs, num_blocks = cache.block_size, cache.allocator.num_blocks
+    colours = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(min(2.2 + 0.42 * bs, 11), 0.3 * num_blocks + 0.8))
+    for block in range(num_blocks):
+        y = -block
+        seq, index = owner.get(block, (None, None))
+        ax.text(-0.3, y + 0.4, f"block {block}" + (f": seq {seq}[{index}]" if seq is not None else ""),
+                ha="right", va="center", fontsize=7)
+        for offset in range(bs):
+            if seq is None:
+                face, label = "white", ""
+            else:
+                pos = index * bs + offset
+                stored = pos < cache.lengths[seq]
+                face = colours(seq % 10) if stored else (*colours(seq % 10)[:3], 0.2)
+                label = str(pos) if stored and bs <= 16 else ""
+            ax.add_patch(plt.Rectangle((offset, y), 0.92, 0.8, facecolor=face, edgecolor="grey", lw=0.5))
+            if label:
+                ax.text(offset + 0.46, y + 0.4, label, ha="center", va="center", fontsize=6, color="white")
+    ax.set_xlim(-4.2, bs + 0.1)
+    ax.set_ylim(-num_blocks + 0.6, 1.1)
+    ax.axis("off")
+    ax.set_title(title or "the pool: one row per physical block, the number in a slot is its position",
+                 fontsize=9)
+    fig.tight_layout()
+    plt.show()
+
+
+def plot_block_size_sweep(sweep: Sequence[dict], static_utilization: float | None = None,
+                          mark: int = 16) -> None:
+    """Utilization (left axis) and mean block-table length (right axis, log) against block size (log),
+    one point per block size; `static_utilization` draws the static cache's level for comparison."""
+    sizes = [row["block_size"] for row in sweep]
+    fig, left = plt.subplots(figsize=(6.8, 3.8))
+    left.plot(sizes, [row["utilization"] for row in sweep], ".-", color="tab:blue", label="paged utilization")
+    if static_utilization is not None:
+        left.axhline(static_utilization, color="tab:red", ls=":", label="static slots of 1,024")
+    left.set(xscale="log", xlabel="block size (tokens)", ylabel="tokens stored / slots reserved", ylim=(0, 1.02))
+    ticks = [s for s in (1, 2, 4, 8, 16, 32, 64, 128) if min(sizes) <= s <= max(sizes)]
+    left.set_xticks(ticks, [str(s) for s in ticks])
+    if mark in sizes:
+        at = sizes.index(mark)
+        left.annotate(f"{sweep[at]['utilization']:.1%} at {mark}", (mark, sweep[at]["utilization"]),
+                      xytext=(mark * 1.6, 0.78), arrowprops={"arrowstyle": "->"}, fontsize=8)
+    right = left.twinx()
+    right.plot(sizes, [row["mean_table_length"] for row in sweep], "--", color="tab:orange",
+               label="mean block-table length")
+    right.set(yscale="log", ylabel="block-table entries per request")
+    fig.legend(loc="lower left", bbox_to_anchor=(0.13, 0.17), fontsize=8)
+    left.set_title("Smaller blocks waste less; larger blocks mean shorter tables", fontsize=10)
+    fig.tight_layout()
+    plt.show()
