@@ -56,9 +56,15 @@ class Plan:
         return {name: {"methods": methods, "cell": ex.cell, "reference": ex.reference}
                 for ex in self.exercises for name, methods in ex.names.items()}
 
+    def graded_by_cell(self) -> dict[str, dict[str, dict]]:
+        """Per solution cell, the specs of the names it defines: cells that define one name (a class
+        split over several exercise cells) each hold its spec from the cell on."""
+        return {ex.cell: {name: {"methods": methods, "cell": ex.cell, "reference": ex.reference}
+                          for name, methods in ex.names.items()} for ex in self.exercises}
+
     def for_worker(self) -> dict:
         return {"preimport": self.preimport, "references": self.references, "helpers": self.helpers,
-                "graded": self.graded()}
+                "graded": self.graded(), "graded_by_cell": self.graded_by_cell()}
 
 
 def _module_of(path: str) -> str:
