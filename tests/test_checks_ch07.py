@@ -210,3 +210,20 @@ def test_scheduler_bugs_fail_only_their_exercise(bug):
             fails(check, bug)
         else:
             check(bug)
+
+
+# ---- review questions ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("check, right, wrong, words", [
+    (ch07.check_review_margin, 21, 20, "round the watermark up"),
+    (ch07.check_review_margin, 21, 2, "watermark"),
+    (ch07.check_review_victim, "b", "a", "newest first"),
+    (ch07.check_review_victim, "(B)", "c", "recomputes it"),
+    (ch07.check_review_swap_ms, 131.072, 65.5, "twice"),
+    (ch07.check_review_swap_ms, 131, 0.131, "milliseconds"),
+])
+def test_review_questions(check, right, wrong, words, capsys):
+    check(right)
+    assert capsys.readouterr().out.startswith("✓")
+    assert words in fails(check, wrong)
+    assert "not answered yet" in fails(check, None)

@@ -6,7 +6,7 @@ runs on any of them unchanged. Shapes are those of engine/README.md.
 A scheduler needs more than the model does: how big a sequence may grow, whether memory comes in
 blocks it can count, fork, swap or evict. Those abilities are protocols of their own below
 (`PagedCache`, `SwappableCache`, `UpFrontCache`, `SlotCache`), and `capabilities(cache)` reads them
-once, so the scheduler asks `caps.paged` instead of probing attributes.
+once, so the scheduler asks `caps.paged` instead of probing attributes one by one.
 """
 from __future__ import annotations
 
@@ -110,23 +110,45 @@ class Capabilities:
     max_request_tokens: int     # the most KV positions one sequence can ever get
 
 
+def protocol_members(protocol) -> frozenset[str]:
+    """The public methods and attributes a protocol (and the protocols it extends) declares."""
+    names = set()
+    for base in protocol.__mro__:
+        if base is object or base is Protocol or not getattr(base, "_is_protocol", False):
+            continue
+        names |= {name for name in vars(base) if not name.startswith("_")}
+        names |= {name for name in getattr(base, "__annotations__", {}) if not name.startswith("_")}
+    return frozenset(names)
+
+
+def implements(cache, protocol) -> bool:
+    """Whether `cache` has every member `protocol` declares (a structural check, like isinstance on a
+    runtime_checkable protocol, without touching the protocol class's caches)."""
+    return all(hasattr(cache, name) for name in _MEMBERS[protocol])
+
+
 def capabilities(cache) -> Capabilities:
     """Read what `cache` can do from the protocols it implements; a TypeError names what is missing."""
-    if not isinstance(cache, KVCache):
+    if not implements(cache, KVCache):
+        missing = sorted(name for name in _MEMBERS[KVCache] if not hasattr(cache, name))
         raise TypeError(f"{type(cache).__name__} does not implement the cache protocol (KVCache): "
-                        "it needs create, reserve, set_batch, update, free and length")
-    paged = isinstance(cache, PagedCache)
-    up_front = not paged and isinstance(cache, UpFrontCache) and bool(cache.reserves_up_front)
+                        f"it lacks {', '.join(missing)}")
+    paged = implements(cache, PagedCache)
+    up_front = not paged and implements(cache, UpFrontCache) and bool(cache.reserves_up_front)
     if paged:
         most = cache.allocator.num_blocks * cache.block_size
     elif up_front:
         most = cache.max_request_tokens
-    elif isinstance(cache, SlotCache):
+    elif implements(cache, SlotCache):
         most = cache.capacity
     else:
         raise TypeError(f"{type(cache).__name__} says nothing about its size: implement PagedCache, "
                         "UpFrontCache or SlotCache (engine/cache/protocol.py)")
-    return Capabilities(paged, isinstance(cache, SwappableCache), up_front, most)
+    return Capabilities(paged, implements(cache, SwappableCache), up_front, most)
+
+
+_MEMBERS = {protocol: protocol_members(protocol)
+            for protocol in (KVCache, PagedCache, SwappableCache, UpFrontCache, SlotCache)}
 
 
 def new_lengths(positions: torch.Tensor, old_lengths: Sequence[int]) -> list[int]:

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import torch
 
+from engine.cache.paged import PagedKVCache
+from engine.cache.prefix import PrefixCache
 from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.generate import cached_step, generate, scratch_logits
+from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
+from engine.serve.engine import Engine
+from engine.serve.request import Request, Sequence, Status, make_generator
+from engine.serve.scheduler import SchedulerConfig
 
 NO_RESERVE = ("admission without reserving: admit must call cache.reserve(seq.seq_id, count) for the "
               "chunk it returns, before any compute, or the forward has no blocks to write into "
@@ -32,8 +39,6 @@ WRONG_ORDER = ("swap-in restored the blocks in the wrong order: the i-th saved b
 
 def _sequence(seq_id: int, tokens: list[int], max_tokens: int = 8, n: int = 1, seed: int = 0):
     """A Sequence of a fresh one-sample request whose prompt is `tokens`."""
-    from engine.sampling import SamplingParams
-    from engine.serve.request import Request, Sequence, make_generator
     request = Request(seq_id, list(tokens), SamplingParams(max_tokens=max_tokens, ignore_eos=True), seed, n)
     seq = Sequence(seq_id, request, list(tokens), make_generator(seed))
     request.sequences.append(seq)
@@ -42,12 +47,9 @@ def _sequence(seq_id: int, tokens: list[int], max_tokens: int = 8, n: int = 1, s
 
 def _scheduler(cls, num_blocks: int, block_size: int = 4, prefix: bool = False, **config):
     """The learner's scheduler over a fresh PagedKVCache of the tiny model (and a prefix cache)."""
-    from engine.cache.paged import PagedKVCache
-    from engine.serve.scheduler import SchedulerConfig
     cache = PagedKVCache(tiny().config, num_blocks, block_size=block_size)
     prefix_cache = None
     if prefix:
-        from engine.cache.prefix import PrefixCache
         prefix_cache = PrefixCache(cache)
     config = {"margin_blocks": 2, "watermark": 0.0, **config}
     return cls(cache, SchedulerConfig(**config), prefix_cache)
@@ -55,8 +57,6 @@ def _scheduler(cls, num_blocks: int, block_size: int = 4, prefix: bool = False, 
 
 def _run_prefill(sched, seq) -> None:
     """Put `seq` in the cache with all its tokens computed, and mark it running (oldest first)."""
-    from engine.generate import cached_step
-    from engine.serve.request import Status
     sched.cache.create(seq.seq_id)
     cached_step(tiny(), sched.cache, [seq.seq_id], [seq.tokens])
     seq.num_computed, seq.status = len(seq.tokens), Status.RUNNING
@@ -75,7 +75,6 @@ def _snapshot(sched) -> dict:
 def check_admit(cls) -> None:
     """admit(seq, budget): reserves the first chunk before any compute, keeps the margin free, refuses
     without changing anything, evicts unused cached blocks first, and counts reused prefix tokens."""
-    from engine.serve.request import Status
     for bs, prompt_len, budget in ((4, 10, 6), (4, 10, 64), (8, 17, 9), (2, 5, 5)):
         sched = _scheduler(cls, num_blocks=16, block_size=bs)
         seq = _sequence(1, seeded_tokens(prompt_len, seed=prompt_len))
@@ -118,9 +117,9 @@ def check_admit(cls) -> None:
             fail(f"{what}: returned", 0, got, hint)
         if seq.seq_id in sched.cache.tables:
             fail(f"{what}: admit refused, but the sequence still has a table in the cache",
-                 hint="a refusal must change nothing: undo the attach with self.release(seq)")
+                 hint="a refusal must change nothing: undo the attach with self.detach(seq)")
         expect_equal(_snapshot(sched), before, f"{what}: the state after a refusal",
-                     "a refusal must change nothing (release what attach took)")
+                     "a refusal must change nothing (self.detach(seq) undoes the attach)")
     # Cached blocks nobody uses are evicted to make room; reused prefix tokens are not prefilled.
     sched = _scheduler(cls, num_blocks=6, block_size=4, prefix=True)
     shared = seeded_tokens(12, seed=7)
@@ -184,7 +183,6 @@ def _preempt_case(cls, mode: str, prefix: bool = False):
 def check_preempt(cls) -> None:
     """preempt(seq): frees (or swaps out) the victim's blocks; a recomputed victim goes back to the
     front of the waiting queue to re-prefill all its tokens; a swapped one keeps its progress."""
-    from engine.serve.request import Status
     sched, old, new = _preempt_case(cls, "recompute")
     free_before = sched.cache.allocator.num_free
     mode = sched.preempt(new)
@@ -235,7 +233,6 @@ def check_preempt(cls) -> None:
 def check_reserve_or_preempt(cls) -> None:
     """reserve_or_preempt(seq, count, scheduled): reserve; out of blocks, evict unused cached blocks
     first, then preempt choose_victim's pick and retry; False when `seq` itself was the victim."""
-    from engine.serve.request import Status
 
     def crowded():
         sched = _scheduler(cls, num_blocks=11, block_size=4, prefix=True, preemption="recompute")
@@ -297,7 +294,6 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def check_swap(cache_cls, block_size: int = 4) -> None:
     """swap_out / swap_in: every logical block's K/V come back into the same logical place, in other
     physical blocks; blocks are released on the way out; a swap-in that cannot fit changes nothing."""
-    from engine.generate import cached_step, scratch_logits
     bs, model = block_size, tiny()
     cache = cache_cls(model.config, 24, block_size=bs)
     seqs = {0: seeded_tokens(3 * bs - 1, seed=1), 1: seeded_tokens(bs + 2, seed=2)}
@@ -370,15 +366,12 @@ def check_swap(cache_cls, block_size: int = 4) -> None:
 
 def _engine(sched_cls, cache, config=None, **kwargs):
     """The real Engine over `cache`, with the learner's scheduler class in place of the engine's."""
-    from engine.serve.engine import Engine
     engine = Engine(tiny(), cache, config, **kwargs)
     engine.scheduler = sched_cls(cache, engine.scheduler.config, engine.scheduler.prefix)
     return engine
 
 
 def _solo(prompt, params, seed, block_size):
-    from engine.cache.paged import PagedKVCache
-    from engine.serve.engine import Engine
     engine = Engine(tiny(), PagedKVCache(tiny().config, 64, block_size=block_size), prefix_caching=False)
     return engine.generate([prompt], params, seeds=[seed])[0].outputs[0]
 
@@ -387,8 +380,6 @@ def _solo(prompt, params, seed, block_size):
 def check_parallel_sampling(cls, n: int = 4, seed: int = 100) -> None:
     """A request for n samples: one prefill, then n sequences that share the prompt's full blocks, each
     drawing with seed + i; every sample equals a solo run of the same request with that seed."""
-    from engine.cache.paged import PagedKVCache
-    from engine.sampling import SamplingParams
     bs = 4
     prompt = seeded_tokens(3 * bs + 1, seed=11)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, ignore_eos=True)
@@ -440,11 +431,9 @@ def _diagnose_leak(engine) -> str:
     return LEAKED
 
 
-def pressure_run(sched_cls, cache_cls, block_size: int = 4, seed: int = 0, abort: bool = True):
-    """The milestone's workload: ragged prompts on a pool that holds about two of them, greedy, >= 20
-    decode steps each, one request aborted on the way. Returns (engine, requests, aborted id)."""
-    from engine.sampling import SamplingParams
-    from engine.serve.scheduler import SchedulerConfig
+def pressure_engine(sched_cls, cache_cls, block_size: int = 4, seed: int = 0):
+    """The milestone's workload, queued: ragged prompts on a pool that holds the longest request plus
+    4 blocks, greedy, 21 output tokens each. Returns (engine, requests); nothing has run yet."""
     bs = block_size
     lengths = [bs - 1, bs, bs + 1, 2 * bs + 1, 3 * bs + 2, 4 * bs + 3]
     prompts = [seeded_tokens(n, seed=seed * 100 + i) for i, n in enumerate(lengths)]
@@ -461,7 +450,13 @@ def pressure_run(sched_cls, cache_cls, block_size: int = 4, seed: int = 0, abort
         engine.swapped_out.add(seq)
         return swap_out(seq)
     cache.swap_out = recording_swap_out
-    requests = [engine.add_request(p, params) for p in prompts]
+    return engine, [engine.add_request(p, params) for p in prompts]
+
+
+def pressure_run(sched_cls, cache_cls, block_size: int = 4, seed: int = 0, abort: bool = True):
+    """Run the milestone's workload to the end, aborting one request after 12 steps (if `abort`).
+    Returns (engine, requests, aborted request id or None)."""
+    engine, requests = pressure_engine(sched_cls, cache_cls, block_size, seed)
     victim = requests[2].request_id if abort else None
     steps = 0
     while engine.has_unfinished():
@@ -493,7 +488,6 @@ def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed
     """The milestone: your scheduler and your swap in the real engine, a pool so small that requests
     are preempted by both recompute and swap; every output equals its solo run, every logit a
     from-scratch run within 1e-5, and no block leaks once everything finished or was aborted."""
-    from engine.generate import generate, scratch_logits
     engine, requests, victim = pressure_run(sched_cls, cache_cls, block_size, seed)
     sched = engine.scheduler
     kept = [r for r in requests if r.request_id != victim]
@@ -528,3 +522,65 @@ def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed
     passed(f"serving under pressure (blocks of {block_size}): {sched.preemptions['recompute']} recompute "
            f"and {sched.preemptions['swap']} swap preemptions, one request aborted; every output equals its "
            f"solo run, every logit a from-scratch run within {ATOL:g}; no block leaked")
+
+
+# ---- auto-graded review questions ----------------------------------------------------------------
+
+def _number(answer):
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+        answer = answer.item()
+    return None if isinstance(answer, bool) or not isinstance(answer, (int, float)) else answer
+
+
+@check
+def check_review_margin(answer) -> None:
+    """R1: the admission margin of a 2,048-block pool, margin_blocks=2, watermark=0.01, with sequences
+    running: max(2, ceil(0.01 * 2048)) = 21 blocks."""
+    if answer is None:
+        fail("R1 is not answered yet: set r1_answer to a number of blocks")
+    value = _number(answer)
+    if value == 21:
+        passed("R1: 21 free blocks kept beyond the newcomer's prompt (1% of 2,048, rounded up)")
+        return
+    hints = {20: "round the watermark up: ceil(0.01 * 2048)", 20.48: "a margin is whole blocks: round up",
+             2: "margin_blocks is the floor; the watermark's 1% of the pool is larger here, so it wins",
+             0: "the margin is 0 only while nothing runs; here sequences are running"}
+    fail(f"R1: {answer!r} is not the margin in blocks",
+         hint=hints.get(value, "margin() = max(margin_blocks, ceil(watermark * pool blocks))"))
+
+
+@check
+def check_review_victim(answer) -> None:
+    """R2: the newest request (C, 40 tokens computed) is preempted, by recompute (below 128 tokens)."""
+    if answer is None:
+        fail("R2 is not answered yet: set r2_answer to 'a', 'b', 'c' or 'd'")
+    choice = str(answer).strip().lower().strip("()")
+    if choice not in ("a", "b", "c", "d"):
+        fail(f"R2: answer with one letter, 'a', 'b', 'c' or 'd' (got {answer!r})")
+    if choice == "b":
+        passed("R2: C, the newest, by recompute: 40 computed tokens are below swap_min_tokens = 128")
+        return
+    hints = {"a": "A is the oldest: preemption takes the newest first",
+             "c": "C is the right victim, but with 40 computed tokens (< swap_min_tokens = 128) 'auto' "
+                  "recomputes it",
+             "d": "B is neither the newest nor preempted before C"}
+    fail(f"R2: ({choice}) is not what the scheduler does", hint=hints[choice])
+
+
+@check
+def check_review_swap_ms(answer) -> None:
+    """R3: swapping a 2,000-token Llama-2-13B sequence (800 KiB per token, fp16) out and back in over a
+    25 GB/s host link: 2 * 2000 * 819,200 B / 25e9 B/s = 131 ms."""
+    if answer is None:
+        fail("R3 is not answered yet: set r3_answer to a number of milliseconds")
+    value = _number(answer)
+    want = 2 * 2000 * 819_200 / 25e9 * 1e3
+    if value is not None and abs(value - want) <= 0.02 * want:
+        passed(f"R3: about {want:.0f} ms of link time for one swap out and back in")
+        return
+    hint = "bytes = tokens x KV bytes per token; time = bytes / (25e9 bytes/s), once out and once back in"
+    if value is not None and abs(value - want / 2) <= 0.02 * want:
+        hint = "that is one direction: a swapped sequence crosses the link twice, out and back in"
+    elif value is not None and abs(value - want / 1e3) <= 0.02 * want / 1e3:
+        hint = "that is in seconds: the question asks for milliseconds"
+    fail(f"R3: {answer!r} ms is not the swap time", hint=hint)

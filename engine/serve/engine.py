@@ -15,7 +15,7 @@ from typing import Iterable
 
 import torch
 
-from engine.cache.protocol import PagedCache
+from engine.cache.protocol import PagedCache, implements
 from engine.errors import InputError
 from engine.generate import model_device, pack
 from engine.model import check_prompt_ids
@@ -60,7 +60,7 @@ class Engine:
                  runner=None, eos_token_id: int | None = None, keep_logits: bool = False):
         """Prefix caching needs a paged cache (it shares blocks); it is skipped for slot caches."""
         prefix = None
-        if prefix_caching and isinstance(cache, PagedCache):
+        if prefix_caching and implements(cache, PagedCache):
             from engine.cache.prefix import PrefixCache
             prefix = PrefixCache(cache)
         self.cache, self.scheduler = cache, Scheduler(cache, config, prefix)
