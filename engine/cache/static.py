@@ -51,22 +51,24 @@ class StaticKVCache:
         self.batch = list(seqs)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-               positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Store k, v [B, Hkv, T, D] in each batch row's slot at positions [B, T]; return the history.
+               positions: torch.Tensor) -> tuple:
+        """Store k, v [B, Hkv, T, D] at positions [B, T]; return each row's history.
 
-        Row b is sequence self.batch[b], stored in row self.slot[seq] of self.k[layer] / self.v[layer]
-        ([max_seqs, Hkv, capacity, D]); the token at column t goes to position positions[b, t], and
-        padding (position -1) is not written. Returns (keys, values, kv_lens): the slots of the batch's
-        sequences cut to the longest new length, [B, Hkv, max(kv_lens), D], and kv_lens [B] (long),
-        each row's length after this step. Only the last layer's call commits the new lengths.
+        Batch row b is sequence self.batch[b], whose slot is row self.slot[seq] of
+        self.k[layer] and self.v[layer] ([max_seqs, Hkv, capacity, D]). The token
+        in column t goes to position positions[b, t]; padding (position -1) is
+        never written. Returns (keys, values, kv_lens): the batch's slots in batch
+        order, cut to the longest new length ([B, Hkv, max(kv_lens), D]), and
+        kv_lens [B] (long), each row's length after this step. Only the last
+        layer's call commits the new lengths.
         """
         rows = torch.tensor([self.slot[s] for s in self.batch], device=k.device)
-        valid = positions >= 0                    # padding is never written
+        valid = positions >= 0  # padding is never written
         row_of = rows[:, None].expand_as(positions)[valid]
         self.k[layer][row_of, :, positions[valid]] = k.transpose(1, 2)[valid]
         self.v[layer][row_of, :, positions[valid]] = v.transpose(1, 2)[valid]
         lengths = new_lengths(positions, [self.lengths[s] for s in self.batch])
-        if layer == len(self.k) - 1:              # the last layer commits the new lengths
+        if layer == len(self.k) - 1:  # the last layer commits the new lengths
             self.lengths.update(zip(self.batch, lengths))
         span = max(lengths)
         kv_lens = torch.tensor(lengths, device=k.device)
