@@ -200,7 +200,10 @@ class PagedKVCache:
     # ---- preemption: swap to host memory and back ----
 
     def swap_out(self, seq: int) -> int:
-        """Copy seq's K/V to host memory and release its blocks (preemption); returns blocks copied."""
+        """Copy seq's K/V to host memory and release its blocks (preemption).
+
+        Returns the number of blocks copied.
+        """
         table = self.table(seq)
         used = table[:blocks_needed(self.lengths[seq], self.block_size)]
         index = torch.tensor(used, dtype=torch.long, device=self.device)
@@ -213,12 +216,16 @@ class PagedKVCache:
         return len(used)
 
     def swap_in(self, seq: int) -> int:
-        """Bring a swapped-out seq back into freshly allocated (maybe different) blocks; returns their number."""
+        """Bring a swapped-out seq back into freshly allocated (maybe different) blocks.
+
+        Returns their number.
+        """
         if seq not in self.swapped:
             raise KeyError(f"sequence {seq} is not swapped out")
         saved = self.swapped[seq]
-        if saved.keys.shape[1] > self.allocator.num_free:        # on failure seq simply stays swapped out
-            raise OutOfBlocks(saved.keys.shape[1], self.allocator.num_free, f"sequence {seq} cannot swap in")
+        if saved.keys.shape[1] > self.allocator.num_free:   # on failure seq stays swapped out
+            raise OutOfBlocks(saved.keys.shape[1], self.allocator.num_free,
+                              f"sequence {seq} cannot swap in")
         blocks = self.allocator.allocate(saved.keys.shape[1])
         index = torch.tensor(blocks, dtype=torch.long, device=self.device)
         for layer, (k_pool, v_pool) in enumerate(zip(self.k_pools, self.v_pools)):
