@@ -59,12 +59,10 @@ from engine.course.widgets import explorer
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams, sample
 
-from engine.cache.paged import PagedKVCache as ReferenceCache   # the engine's, for figures and explorers
+import engine.cache.paged
+from engine.cache.slots import blocks_needed
 
-# The names engine/cache/paged.py imports, which the cache included below uses.
-from engine.cache.paged import (ATTENTION_PATHS, BlockAllocator, OutOfBlocks, SwappedSequence,  # noqa: F401
-                                blocks_needed, check_block_size, paged_attention, reference_attention,
-                                slot_mapping)
+ReferenceCache = engine.cache.paged.PagedKVCache   # the engine's, for figures and explorers
 
 CONFIGS = Path(engine.config.__file__).parent / "configs"   # the published config.json files
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -89,8 +87,9 @@ print(f"{samples} samples, prompt stored {samples} times: {unshared / GiB:.2f} G
 print(f"{samples} samples, prompt stored once:    {shared / MiB:.0f} MiB "
       f"({unshared / shared:.1f}x less, {(unshared - shared) / GiB:.2f} GiB saved)")
 diverge_slots = 10
-print(f"a beam diverging in a block holding {diverge_slots} tokens copies {diverge_slots * per_token / MiB:.1f} MiB "
-      f"of used slots (a whole block is {bs * per_token / MiB:.0f} MiB), however long the beam is")
+print(f"a beam diverging in a block that holds {diverge_slots} of its {bs} tokens copies the whole block: "
+      f"{bs * per_token / MiB:.0f} MiB (its {diverge_slots} used slots are "
+      f"{diverge_slots * per_token / MiB:.1f} MiB of it), however long the beam is")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_rules_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 4.2 The rules of sharing
@@ -143,21 +142,27 @@ print(f"a beam diverging in a block holding {diverge_slots} tokens copies {diver
 #
 # ### Exercise 4.1 — `fork` and `copy_on_write` (2 + 3 + 2 + 5 points)
 #
-# The next cell is the engine's whole `PagedKVCache` (the cache that chapter 3 builds), included from
-# `engine/cache/paged.py`, with the bodies of `fork` and `copy_on_write` removed. We include the real
-# class rather than a teaching copy so there is exactly one version of this code in the course: what
-# you run is what the engine runs, and when your two methods pass, the class in this notebook *is* the
-# engine's cache. Read `reserve` before you start: it already calls `copy_on_write(seq, index)` for each
-# existing entry the new tokens will write, after checking that the pool can pay for every copy. The
-# swap methods at the end belong to chapter 7; skip them for now.
+# The next cell is a subclass of the engine's `PagedKVCache` (the cache you built in chapter 3) that
+# defines only `fork` and `copy_on_write`; every other method is the engine's, so this works whether or
+# not you finished chapter 3. The engine's `reserve` already calls `copy_on_write(seq, index)` for each
+# index of `self.shared_writes(seq, n)`, the existing table entries the new tokens write into while
+# another table names the block, after checking that the pool can pay for every copy and every new
+# block.
 #
-# Useful pieces: `self.tables[seq]` (a list of block ids), `self.lengths[seq]`, `self.create(seq)`,
-# `self.allocator` (`allocate`, `share`, `release`, `refcount`), and the pools `self.k_pools[layer]`,
-# `self.v_pools[layer]`, each `[num_blocks, kv_heads, block_size, head_dim]`, so `pool[block]` is one
-# whole block of one layer.
+# Useful pieces: `self.table(seq)` (the block table, a list of block ids; a `KeyError` for an unknown
+# sequence), `self.tables[seq]`, `self.lengths[seq]`, `self.create(seq)` (registers an empty sequence,
+# a `ValueError` if it exists), `self.allocator` (`allocate(n) -> list[int]`, `share(block)`,
+# `release(block)`, `refcount(block)`), and the pools `self.k_pools[layer]`, `self.v_pools[layer]`,
+# each `[num_blocks, kv_heads, block_size, head_dim]`, so `pool[block]` is one whole block of one layer.
+#
+# * `fork(parent, child)`: the child gets a *new list* with the parent's block ids and the parent's
+#   length, and every one of those blocks one more owner.
+# * `copy_on_write(seq, index)`: if block `table[index]` has more than one owner, allocate a fresh
+#   block, copy the old block into it in every K and V pool, release the old block, and set
+#   `table[index]` to the fresh one; a block with one owner is left alone.
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_cache", "locked": false, "schema_version": 3, "solution": true}
-#| include engine/cache/paged.py::PagedKVCache solve=fork,copy_on_write
+#| include engine/cache/paged.py::PagedKVCache.fork,copy_on_write solve=fork,copy_on_write
 
 # %% nbgrader={"grade": true, "grade_id": "ch04_test_fork_shares", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 ch04.check_fork_shares(PagedKVCache)

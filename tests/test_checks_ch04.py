@@ -96,6 +96,18 @@ class CopyForgetsRelease(PagedKVCache):
         table[index] = fresh
 
 
+class CopyForgetsRepoint(PagedKVCache):
+    """Copies into a fresh block and releases the old one, but the table keeps naming the old block."""
+
+    def copy_on_write(self, seq, index):
+        table = self.tables[seq]
+        if self.allocator.refcount(table[index]) == 1:
+            return
+        [fresh] = self.allocator.allocate(1)
+        copy_block(self, table[index], fresh)
+        self.allocator.release(table[index])
+
+
 class CopyKeysOnly(PagedKVCache):
     def copy_on_write(self, seq, index):
         table = self.tables[seq]
@@ -164,6 +176,11 @@ DIVERGED = ["from-scratch run", "max |Δ|", "block another sequence still uses"]
     (ch04.check_copy_on_write, NoCopyOnWrite, ["is still the shared block"]),
     (ch04.check_copy_on_write, CopyWrongBlock, ["does not hold the contents", "not another one"]),
     (ch04.check_copy_on_write, CopyForgetsRelease, ["refcount of the old block", "expected 1, got 2", "release"]),
+    (ch04.check_copy_on_write, CopyForgetsRepoint, ["is still the shared block", "never repointed",
+                                                    "set table[index] to the fresh block"]),
+    (ch04.check_fork_then_diverge, CopyForgetsRepoint, ["from-scratch run", "named by no table",
+                                                        "never repointed the table"]),
+    (ch04.check_parallel_sampling, CopyForgetsRepoint, ["from-scratch run", "never repointed the table"]),
     (ch04.check_copy_on_write, CopyKeysOnly, ["V pool of layer 0", "K and V both"]),
     (ch04.check_copy_on_write, CopyAlways, ["only sequence 0 uses", "copy only shared blocks"]),
     (ch04.check_fork_block_counts, NoCopyOnWrite, ["each of the 4 forks writes one token", "expected 4, got 0",
@@ -228,3 +245,9 @@ def test_shared_blocks_stub_is_not_implemented():
     def stub(*args):
         raise NotImplementedError()
     assert "not implemented yet" in fails(ch04.check_shared_blocks, stub)
+
+
+def test_a_copy_that_is_never_repointed_is_not_blamed_on_fork():
+    for check in (ch04.check_copy_on_write, ch04.check_fork_then_diverge, ch04.check_parallel_sampling):
+        message = fails(check, CopyForgetsRepoint)
+        assert "fork must share" not in message and "repoint" in message, message

@@ -30,6 +30,14 @@ def _diagnose(cache) -> str:
     for _, table in tables:
         for block in table:
             named[block] = named.get(block, 0) + 1
+    orphans = [b for b in range(cache.allocator.num_blocks)
+               if cache.allocator.refcount(b) > 0 and b not in named]
+    undercounted = [b for b, count in sorted(named.items()) if cache.allocator.refcount(b) < count]
+    if orphans and undercounted:
+        return (f"block {orphans[0]} is held but named by no table, while block {undercounted[0]} is named "
+                f"by {named[undercounted[0]]} tables with refcount {cache.allocator.refcount(undercounted[0])}: "
+                "copy_on_write copied the block but never repointed the table; set table[index] to the "
+                "fresh block")
     for block, count in sorted(named.items()):
         refs = cache.allocator.refcount(block)
         if refs < count:
@@ -133,9 +141,12 @@ def check_copy_on_write(cls) -> None:
     child = cache.tables[1]
     new = child[last]
     if new == old:
+        copied = cache.allocator.num_free == free_before - 1 and cache.allocator.refcount(old) == 1
         fail(f"after fork(0, 1) and copy_on_write(1, {last}): sequence 1's block {last} is still the "
              f"shared block {old}",
-             hint="allocate a fresh block, copy into it and point table[index] at it")
+             hint=("a block was allocated and the old one released, but the table was never repointed: "
+                   "after copying, set table[index] to the fresh block" if copied else
+                   "allocate a fresh block, copy into it and point table[index] at it"))
     expect_equal(child[:last], table[:last], f"after copy_on_write(1, {last}): the child's other entries",
                  "only the entry at `index` is repointed; the full blocks stay shared")
     expect_equal(cache.tables[0], table, f"after copy_on_write(1, {last}): the parent's table",
@@ -355,13 +366,13 @@ def simulate_forks(prompt_len: int, n: int, generated: int, block_size: int, cls
     cache = (cls or PagedKVCache)(tiny_config(), need, block_size=block_size)
     cache.create(0)
     cache.reserve(0, prompt_len)
-    cache.lengths[0] = prompt_len
+    cache.set_length(0, prompt_len)
     for s in range(1, n):
         cache.fork(0, s)
     for _ in range(generated):
         for s in range(n):
             cache.reserve(s, 1)
-            cache.lengths[s] += 1
+            cache.set_length(s, cache.length(s) + 1)
     return cache
 
 
