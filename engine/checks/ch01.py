@@ -378,7 +378,7 @@ def check_static_utilization(static_utilization) -> None:
         value = _as_number(got)
         if value is not None and abs(value - want) <= 1e-9:
             continue
-        shown = lengths if len(lengths) <= 6 else f"the {len(lengths)} requests of the seed's workload"
+        shown = lengths if len(lengths) <= 6 else f"the chapter's {len(lengths)}-request workload"
         hint = "every request reserves one whole slot of `capacity` positions, whatever it stores"
         if value is not None:
             if abs(value - 100 * want) <= 1e-6:
@@ -392,7 +392,7 @@ def check_static_utilization(static_utilization) -> None:
                 hint = "it reserves one slot in total; each of the requests reserves its own slot"
         fail(f"static_utilization({shown}, capacity={capacity})", f"{tokens}/{reserved} = {want:.4f}",
              got, hint)
-    passed("static_utilization: 6 workloads; the seed's 32 requests of 20-500 tokens in 1,024-token "
+    passed("static_utilization: 6 workloads; the chapter's 32 requests of 20-500 tokens in 1,024-token "
            f"slots use {static_utilization(_util_cases()[-1][0], 1024):.1%} of what they reserve")
 
 
