@@ -23,11 +23,12 @@ def pack(rows: Sequence[Sequence[int]], starts: Sequence[int],
     Short rows are padded with token 0 at position -1, which the model and caches skip.
     """
     width = max((len(r) for r in rows), default=0)
-    token_ids = torch.zeros(len(rows), width, dtype=torch.long)
-    positions = torch.full((len(rows), width), -1, dtype=torch.long)
-    for b, (row, start) in enumerate(zip(rows, starts)):
-        token_ids[b, :len(row)] = torch.tensor(list(row), dtype=torch.long)
-        positions[b, :len(row)] = torch.arange(start, start + len(row))
+    token_ids = torch.tensor([list(row) + [0] * (width - len(row)) for row in rows], dtype=torch.long)
+    token_ids = token_ids.reshape(len(rows), width)
+    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+    column = torch.arange(width)
+    positions = torch.tensor(list(starts), dtype=torch.long)[:, None] + column
+    positions = torch.where(column < lengths[:, None], positions, -1).reshape(len(rows), width)
     return token_ids.to(device), positions.to(device)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention.reference import attention
+from engine.attention.sdpa import attention   # fused; engine.attention.reference is the ground truth
 from engine.config import ModelConfig
 from engine.errors import InputError
 
@@ -26,14 +26,24 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding of x [B, H, T, D] at positions [B, T] (the half-split convention)."""
-    half = x.shape[-1] // 2
-    inv_freq = 1.0 / theta ** (torch.arange(0, half, device=x.device, dtype=torch.float32) / half)
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [B, 1, T, D/2] of the rotary angles at positions [B, T]; every layer shares them."""
+    half = head_dim // 2
+    inv_freq = 1.0 / theta ** (torch.arange(0, half, device=positions.device, dtype=torch.float32) / half)
     angles = positions.clamp(min=0).float()[:, None, :, None] * inv_freq          # [B, 1, T, D/2]
-    cos, sin = angles.cos(), angles.sin()
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, T, D] by precomputed angles (the half-split convention)."""
+    half = x.shape[-1] // 2
     x1, x2 = x.float()[..., :half], x.float()[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding of x [B, H, T, D] at positions [B, T] (the half-split convention)."""
+    return apply_rope(x, *rope_angles(positions, x.shape[-1], theta))
 
 
 class Attention(nn.Module):
@@ -49,12 +59,14 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)    # Qwen3: per-head norm of q and k
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None, rope=None) -> torch.Tensor:
+        """rope: (cos, sin) from rope_angles, computed once per forward; None computes them here."""
         cfg, (batch, tokens, _) = self.cfg, x.shape
         q = self.q_norm(self.q_proj(x).view(batch, tokens, cfg.num_heads, cfg.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(batch, tokens, cfg.num_kv_heads, cfg.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(batch, tokens, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        q, k = rotate(q, positions, cfg.rope_theta), rotate(k, positions, cfg.rope_theta)
+        cos, sin = rope if rope is not None else rope_angles(positions, cfg.head_dim, cfg.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:                      # from scratch: the batch is the whole history
             out = attention(q, k, v, positions, (positions >= 0).sum(-1))
         elif hasattr(cache, "attend"):         # the cache brings its own attention (e.g. a paged kernel)
@@ -88,8 +100,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, cache)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None, rope=None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, cache, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -119,8 +131,9 @@ class Qwen3Model(nn.Module):
         if cache is None:
             check_from_scratch_positions(positions)
         x = self.embed_tokens(token_ids.clamp(min=0))
+        rope = rope_angles(positions, self.config.head_dim, self.config.rope_theta)
         for layer in self.layers:
-            x = layer(x, positions, cache)
+            x = layer(x, positions, cache, rope)
         return self.lm_head(self.norm(x)).float()
 
 

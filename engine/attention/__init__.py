@@ -15,7 +15,7 @@ import torch
 
 KERNEL_MODULES = ("engine.attention.triton_decode", "engine.attention.triton_prefill",
                   "engine.attention.triton_primer")
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "sdpa")
 
 
 class TritonUnavailable(RuntimeError):
@@ -142,13 +142,17 @@ def paged_attention(q, k_pool, v_pool, block_tables, q_positions, kv_lens, backe
 
     k_pool, v_pool [N, Hkv, block_size, D]; block_tables [B, M] int; q_positions [B, T] long
     (-1 for padding); kv_lens [B] long. backend "auto" runs Triton on CUDA tensors (when
-    installed) and torch otherwise. T == 1 uses the decode kernel (split-K when num_splits > 1,
-    or when the heuristic picks it), longer T the prefill kernel.
+    installed) and "sdpa" (fused torch attention) otherwise; "torch" is the plain reference the
+    kernels are checked against. With Triton, T == 1 uses the decode kernel (split-K when
+    num_splits > 1, or when the heuristic picks it), longer T the prefill kernel.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        backend = "triton" if q.is_cuda and triton_installed() else "torch"
+        backend = "triton" if q.is_cuda and triton_installed() else "sdpa"
+    if backend == "sdpa":                     # the fast torch path: gather, then fused attention
+        from engine.attention.sdpa import paged_sdpa
+        return paged_sdpa(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
     if backend == "torch":
         from engine.attention.paged_reference import paged_attention_reference
         return paged_attention_reference(q, k_pool, v_pool, block_tables, q_positions, kv_lens)

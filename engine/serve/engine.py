@@ -47,10 +47,27 @@ class ModelRunner:
         return logits[torch.arange(len(rows), device=logits.device), last]
 
     def execute(self, chunks: list[Chunk]) -> tuple[torch.Tensor, float | None]:
-        """One engine step's forward. The second value is a modelled duration (None: measure it)."""
-        logits = self.forward([c.seq.seq_id for c in chunks], [c.tokens for c in chunks],
-                              [c.start for c in chunks])
+        """One engine step's forward. The second value is a modelled duration (None: measure it).
+
+        The decode rows (one token each) run as one batch and each prompt chunk runs alone, as
+        nano-vllm and vLLM V0 do: packed together, every decode row would be padded to the width
+        of the widest chunk and pay for positions it does not have.
+        """
+        logits = None
+        for group in row_groups(chunks):
+            part = self.forward([chunks[i].seq.seq_id for i in group], [chunks[i].tokens for i in group],
+                                [chunks[i].start for i in group])
+            if logits is None:
+                logits = part.new_empty(len(chunks), part.shape[-1])
+            logits[group] = part
         return logits, None
+
+
+def row_groups(chunks: list[Chunk]) -> list[list[int]]:
+    """Indices of the chunks, grouped into forwards with no padding: all decodes, then each prompt chunk."""
+    decodes = [i for i, chunk in enumerate(chunks) if chunk.count == 1]
+    prompts = [[i] for i, chunk in enumerate(chunks) if chunk.count != 1]
+    return ([decodes] if decodes else []) + prompts
 
 
 class Engine:

@@ -1,0 +1,66 @@
+"""The engine's fast attention (fused SDPA) equals the plain reference, and a step runs without padding."""
+import itertools
+
+import pytest
+import torch
+
+from engine.attention import paged_attention, reference, sdpa
+from engine.attention.paged_reference import paged_attention_reference
+from engine.serve.engine import row_groups
+from engine.serve.scheduler import Chunk
+
+
+def random_case(generator, batch, tokens, q_heads, kv_heads, length=12, dim=16, ragged=True, padding=False):
+    q = torch.randn(batch, q_heads, tokens, dim, generator=generator)
+    keys = torch.randn(batch, kv_heads, length, dim, generator=generator)
+    values = torch.randn(batch, kv_heads, length, dim, generator=generator)
+    kv_lens = torch.randint(tokens, length + 1, (batch,), generator=generator) if ragged \
+        else torch.full((batch,), length)
+    positions = torch.stack([torch.arange(int(n) - tokens, int(n)) for n in kv_lens])
+    if padding and batch > 1:
+        positions[1, -1] = -1
+    return q, keys, values, positions, kv_lens
+
+
+@pytest.mark.parametrize("batch, tokens, q_heads, kv_heads", itertools.product([1, 3], [1, 5], [4, 8], [1, 2, 4]))
+@pytest.mark.parametrize("ragged, padding", [(False, False), (True, False), (True, True)])
+def test_fused_attention_equals_the_reference(batch, tokens, q_heads, kv_heads, ragged, padding):
+    generator = torch.Generator().manual_seed(batch * 100 + tokens * 10 + q_heads + kv_heads)
+    q, keys, values, positions, kv_lens = random_case(generator, batch, tokens, q_heads, kv_heads, ragged=ragged,
+                                                      padding=padding)
+    got, want = sdpa.attention(q, keys, values, positions, kv_lens), reference.attention(q, keys, values,
+                                                                                         positions, kv_lens)
+    real = (positions >= 0)[:, None, :, None]           # padding queries' outputs are meaningless
+    assert ((got - want).abs() * real).max() < 1e-5
+
+
+def test_a_whole_prompt_uses_the_causal_flag_and_matches():
+    generator = torch.Generator().manual_seed(7)
+    q, keys, values = (torch.randn(1, h, 9, 16, generator=generator) for h in (4, 2, 2))
+    positions, kv_lens = torch.arange(9)[None], torch.tensor([9])
+    assert (sdpa.attention(q, keys, values, positions, kv_lens)
+            - reference.attention(q, keys, values, positions, kv_lens)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("tokens, lengths", [(1, [1, 4, 5, 9]), (1, [3]), (3, [7]), (2, [3, 8])])
+def test_paged_sdpa_reads_through_scrambled_tables(tokens, lengths):
+    generator = torch.Generator().manual_seed(len(lengths) + tokens)
+    block_size, blocks, heads, dim = 4, 16, 2, 8
+    k_pool, v_pool = (torch.randn(blocks, heads, block_size, dim, generator=generator) for _ in range(2))
+    order = torch.randperm(blocks, generator=generator).tolist()
+    width = max(-(-n // block_size) for n in lengths)
+    tables = torch.tensor([[order.pop() for _ in range(width)] for _ in lengths])
+    kv_lens = torch.tensor(lengths)
+    positions = torch.stack([torch.arange(n - tokens, n) for n in lengths])
+    q = torch.randn(len(lengths), 4, tokens, dim, generator=generator)
+    got = paged_attention(q, k_pool, v_pool, tables, positions, kv_lens)        # auto on a CPU: sdpa
+    want = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert (got - want).abs().max() < 1e-5
+
+
+def test_a_step_groups_decodes_together_and_runs_each_prompt_chunk_alone():
+    def chunk(count):
+        return Chunk(seq=None, start=0, count=count)
+    chunks = [chunk(1), chunk(40), chunk(1), chunk(7), chunk(1)]
+    assert row_groups(chunks) == [[0, 2, 4], [1], [3]]
+    assert row_groups([chunk(5)]) == [[0]] and row_groups([chunk(1), chunk(1)]) == [[0, 1]]
