@@ -54,7 +54,7 @@ import math
 
 import torch
 
-from engine.cache.paged import PagedKVCache as ReferenceCache   # the engine's, for figures
+from engine.cache.paged import PagedKVCache as ReferenceCache   # the engine's
 from engine.checks import ch07
 from engine.course.figures import ch07 as figures
 from engine.serve import simulate
@@ -86,17 +86,20 @@ KiB, MiB, GiB = 2**10, 2**20, 2**30
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_why", "locked": true, "schema_version": 3, "solution": false}
 slots, max_len, block_size = 4, 96, 8
-measured, measured_metrics = figures.no_grad(
-    lambda: figures.measured(requests=32, slots=slots, max_len=max_len, block_size=block_size))
-print(f"KV budget: the bytes of {slots} max slots of {max_len} tokens ({slots * max_len} tokens); "
-      f"paged blocks of {block_size}")
-print(f"{'policy':8s} {'concurrent':>10s} {'peak':>5s} {'KV used':>8s} {'tokens/s':>9s} {'preempted':>9s}")
+measured, measured_metrics = figures.no_grad(lambda: figures.measured(
+    requests=32, slots=slots, max_len=max_len, block_size=block_size))
+print(f"KV budget: the bytes of {slots} max slots of {max_len} tokens "
+      f"({slots * max_len} tokens); paged blocks of {block_size}")
+print(f"{'policy':8s} {'concurrent':>10s} {'peak':>5s} {'KV used':>8s} "
+      f"{'tokens/s':>9s} {'preempted':>9s}")
 for kind, run in measured.items():
     preempted = run["preemptions_recompute"] + run["preemptions_swap"]
-    print(f"{kind:8s} {run['concurrent_mean_saturated']:10.2f} {run['concurrent_peak']:5d} "
-          f"{run['kv_utilization_mean']:8.0%} {run['output_tokens_per_s']:9.0f} {preempted:9d}")
-paged_over_max = measured["paged"]["concurrent_mean_saturated"] / measured["max"]["concurrent_mean_saturated"]
-print(f"paged runs {paged_over_max:.1f}x as many sequences as max slots on the same bytes")
+    print(f"{kind:8s} {run['concurrent_mean_saturated']:10.2f} "
+          f"{run['concurrent_peak']:5d} {run['kv_utilization_mean']:8.0%} "
+          f"{run['output_tokens_per_s']:9.0f} {preempted:9d}")
+concurrency = {k: run["concurrent_mean_saturated"] for k, run in measured.items()}
+ratio = concurrency["paged"] / concurrency["max"]
+print(f"paged runs {ratio:.1f}x as many sequences as max slots on the same bytes")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_why2_md", "locked": true, "schema_version": 3, "solution": false}
 # Paging holds the most sequences, and it is the only run that preempted anyone: it admits on the
@@ -133,14 +136,16 @@ print(f"paged runs {paged_over_max:.1f}x as many sequences as max slots on the s
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_margin", "locked": true, "schema_version": 3, "solution": false}
 config = SchedulerConfig()
-per_token = simulate.Roofline(simulate.load_config("llama-2-13b"), simulate.GPUS["A100-40GB"]).kv_bytes_per_token
-pool_blocks = int(simulate.Roofline(simulate.load_config("llama-2-13b"),
-                                    simulate.GPUS["A100-40GB"]).kv_budget_bytes() // (16 * per_token))
+llama, a100 = simulate.load_config("llama-2-13b"), simulate.GPUS["A100-40GB"]
+roofline = simulate.Roofline(llama, a100)
+pool_blocks = int(roofline.kv_budget_bytes() // (16 * roofline.kv_bytes_per_token))
 margin = max(config.margin_blocks, math.ceil(config.watermark * pool_blocks))
-print(f"defaults: margin_blocks={config.margin_blocks}, watermark={config.watermark:.0%}, "
+print(f"defaults: margin_blocks={config.margin_blocks}, "
+      f"watermark={config.watermark:.0%}, "
       f"token budget per step {config.max_batched_tokens}")
-print(f"Llama-2-13B on an A100-40GB: {pool_blocks} blocks of 16 tokens; the margin is {margin} blocks, "
-      f"room for {margin} running sequences to cross into a new block at once")
+print(f"Llama-2-13B on an A100-40GB: {pool_blocks} blocks of 16 tokens; the margin is "
+      f"{margin} blocks,")
+print(f"room for {margin} running sequences to cross into a new block at once")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_ex_admit_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 7.1 — `admit` (4 points)
@@ -198,15 +203,14 @@ ch07.check_admit(Admission)
 # K/V over the host link twice. The next cell puts numbers on both for Llama-2-13B on an A100-40GB.
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_costs", "locked": true, "schema_version": 3, "solution": false}
-roofline = simulate.Roofline(simulate.load_config("llama-2-13b"), simulate.GPUS["A100-40GB"])
 link = simulate.GPUS["A100-40GB"].host_gbps * 1e9
-print(f"Llama-2-13B: {roofline.kv_bytes_per_token / KiB:.0f} KiB of KV per token; host link "
-      f"{link / 1e9:.0f} GB/s each way")
+print(f"Llama-2-13B: {roofline.kv_bytes_per_token / KiB:.0f} KiB of KV per token; "
+      f"host link {link / 1e9:.0f} GB/s each way")
 for tokens in (64, 256, 1024, 2048):
     swap_ms = 2 * tokens * roofline.kv_bytes_per_token / link * 1e3
     prefill_ms = roofline.step_seconds([(0, tokens, True)]) * 1e3
-    print(f"  victim of {tokens:5d} tokens: swap out + in {swap_ms:6.1f} ms, recompute (one prefill) "
-          f"{prefill_ms:6.1f} ms")
+    print(f"  victim of {tokens:5d} tokens: swap out + in {swap_ms:6.1f} ms, "
+          f"recompute (one prefill) {prefill_ms:6.1f} ms")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_costs2_md", "locked": true, "schema_version": 3, "solution": false}
 # A short victim is cheaper to recompute: its prefill is dominated by reading the weights once, which
@@ -323,7 +327,7 @@ ch07.check_parallel_sampling(Sampling)
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_compose", "locked": true, "schema_version": 3, "solution": false}
 class YourScheduler(Sampling, Preemption, Admission):
-    """The engine's scheduler with your admit, reserve_or_preempt, choose_victim, preempt, fork_samples."""
+    """The engine's scheduler with the methods of your Exercises 7.1, 7.2 and 7.4."""
 
 # %% nbgrader={"grade": true, "grade_id": "ch07_test_serving", "locked": true, "points": 6, "schema_version": 3, "solution": false}
 ch07.check_serving_under_pressure(YourScheduler, PagedKVCache)
@@ -342,11 +346,13 @@ ch07.check_serving_under_pressure(YourScheduler, PagedKVCache, block_size=2, see
 # %% nbgrader={"grade": false, "grade_id": "ch07_trace", "locked": true, "schema_version": 3, "solution": false}
 reference_engine, _ = ch07.pressure_engine(ReferenceScheduler, ReferenceCache)
 trace = figures.traced(reference_engine)
-print(f"{'step':>4s} {'rows':>4s} {'tokens':>6s} {'free':>4s}  running / waiting / swapped (ids)")
+print(f"{'step':>4s} {'rows':>4s} {'tokens':>6s} {'free':>4s}  "
+      "running / waiting / swapped (ids)")
 for i, t in enumerate(trace[:8], 1):
-    print(f"{i:4d} {t['rows']:4d} {t['tokens']:6d} {t['free_blocks']:4d}  {t['running']} / "
-          f"{t['waiting']} / {t['swapped']}")
-print(f"... {len(trace)} steps in all, preemptions {reference_engine.scheduler.preemptions}")
+    print(f"{i:4d} {t['rows']:4d} {t['tokens']:6d} {t['free_blocks']:4d}  "
+          f"{t['running']} / {t['waiting']} / {t['swapped']}")
+print(f"... {len(trace)} steps in all, "
+      f"preemptions {reference_engine.scheduler.preemptions}")
 figures.plot_trace(trace, reference_engine.cache.allocator.num_blocks,
                    "the milestone's workload, engine's scheduler (blocks of 4)")
 
@@ -359,9 +365,11 @@ figures.plot_trace(trace, reference_engine.cache.allocator.num_blocks,
 # %% nbgrader={"grade": false, "grade_id": "ch07_yours", "locked": true, "schema_version": 3, "solution": false}
 your_engine, _ = ch07.pressure_engine(YourScheduler, PagedKVCache)
 your_trace = figures.traced(your_engine)
-same = sum(a["running"] == b["running"] and a["tokens"] == b["tokens"] for a, b in zip(trace, your_trace))
+same = sum(a["running"] == b["running"] and a["tokens"] == b["tokens"]
+           for a, b in zip(trace, your_trace))
 print(f"your scheduler: {len(your_trace)} steps (engine's {len(trace)}), preemptions "
-      f"{your_engine.scheduler.preemptions} (engine's {reference_engine.scheduler.preemptions}); "
+      f"{your_engine.scheduler.preemptions}")
+print(f"(engine's {reference_engine.scheduler.preemptions}); "
       f"{same} of {len(trace)} steps planned identically")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_bench_md", "locked": true, "schema_version": 3, "solution": false}
@@ -374,7 +382,7 @@ print(f"your scheduler: {len(your_trace)} steps (engine's {len(trace)}), preempt
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_fill", "locked": true, "schema_version": 3, "solution": false}
 figures.plot_fill_and_batch({k: measured_metrics[k] for k in ("max", "paged")},
-                            "MEASURED on this CPU: tiny model, one KV budget, max slots vs paged")
+                            "MEASURED on this CPU: tiny model, one KV budget")
 for kind in ("max", "paged"):
     steps = measured_metrics[kind].steps
     fill = sum(s.live_tokens / s.pool_tokens for s in steps) / len(steps)
@@ -393,17 +401,20 @@ for kind in ("max", "paged"):
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_sim", "locked": true, "schema_version": 3, "solution": false}
 sim, sim_metrics, constants = figures.simulated(requests=128)
-print(f"SIMULATION: Llama-2-13B on an A100-40GB, {constants['kv_tokens']:,} tokens of KV, "
-      f"weights {constants['weight_bytes'] / GiB:.1f} GiB")
+print(f"SIMULATION: Llama-2-13B on an A100-40GB, {constants['kv_tokens']:,} tokens of "
+      f"KV, weights {constants['weight_bytes'] / GiB:.1f} GiB")
 for kind, run in sim.items():
-    print(f"  {kind:6s} concurrent {run['concurrent_mean_saturated']:6.1f}  tokens/s "
-          f"{run['output_tokens_per_s']:7.0f}  memory-bound {run['memory_bound_fraction']:.0%} of the time, "
-          f"KV {run['kv_share_of_bytes']:.0%} of bytes read, preempted "
-          f"{run['preemptions_recompute'] + run['preemptions_swap']}")
-sim_concurrency = sim["paged"]["concurrent_mean_saturated"] / sim["max"]["concurrent_mean_saturated"]
-sim_throughput = sim["paged"]["output_tokens_per_s"] / sim["max"]["output_tokens_per_s"]
-print(f"paged / max: {sim_concurrency:.2f}x the sequences, {sim_throughput:.2f}x the tokens/s")
-figures.plot_fill_and_batch(sim_metrics, "SIMULATION: Llama-2-13B / A100-40GB, max slots vs paged")
+    print(f"  {kind:6s} concurrent {run['concurrent_mean_saturated']:5.1f}, "
+          f"tokens/s {run['output_tokens_per_s']:5.0f}, "
+          f"memory-bound {run['memory_bound_fraction']:.0%} of the time, "
+          f"KV {run['kv_share_of_bytes']:.0%} of bytes read")
+paged, slots_run = sim["paged"], sim["max"]
+more = paged["concurrent_mean_saturated"] / slots_run["concurrent_mean_saturated"]
+faster = paged["output_tokens_per_s"] / slots_run["output_tokens_per_s"]
+print(f"paged / max: {more:.2f}x the sequences, {faster:.2f}x the tokens/s; paged "
+      f"preempted {paged['preemptions_recompute']} by recompute, "
+      f"{paged['preemptions_swap']} by swap")
+figures.plot_fill_and_batch(sim_metrics, "SIMULATION: Llama-2-13B / A100-40GB")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_rates_md", "locked": true, "schema_version": 3, "solution": false}
 # Why the tokens/s ratio is smaller than the concurrency ratio, and when it would vanish, shows in one
@@ -419,12 +430,15 @@ figures.plot_fill_and_batch(sim_metrics, "SIMULATION: Llama-2-13B / A100-40GB, m
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_rates", "locked": true, "schema_version": 3, "solution": false}
 rates = figures.decode_rates()
-print(f"weights {roofline.weight_bytes / GiB:.1f} GiB, read once per step; KV of one 500-token "
-      f"sequence {500 * roofline.kv_bytes_per_token / MiB:.0f} MiB, read by every step it is in")
+print(f"weights {roofline.weight_bytes / GiB:.1f} GiB, read once per step; KV of one "
+      f"500-token sequence {500 * roofline.kv_bytes_per_token / MiB:.0f} MiB")
 for r in rates:
-    print(f"  B={r['batch']:3d}: step {r['step_ms']:6.2f} ms, {r['tokens_per_s']:5d} tokens/s, "
-          f"KV {r['kv_share']:.0%} of bytes, {'fits' if r['fits'] else 'does not fit'} in the KV budget")
-figures.plot_decode_rates(rates, "SIMULATION: Llama-2-13B / A100-40GB decode, 500-token histories")
+    fits = "fits" if r["fits"] else "does not fit"
+    print(f"  B={r['batch']:3d}: step {r['step_ms']:6.2f} ms, "
+          f"{r['tokens_per_s']:5d} tokens/s, KV {r['kv_share']:.0%} of bytes, "
+          f"{fits} in the KV budget")
+figures.plot_decode_rates(rates, "SIMULATION: Llama-2-13B / A100-40GB, 500-token "
+                                 "histories")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_review_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 7.8 Check your understanding

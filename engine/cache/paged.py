@@ -62,61 +62,76 @@ class PagedKVCache:
         self.tables[seq], self.lengths[seq] = [], 0
 
     def reserve(self, seq: int, n: int) -> None:
-        """Make positions [length, length + n) writable; raise OutOfBlocks, changing nothing, if they cannot be."""
+        """Make positions [length, length + n) writable; if they cannot be, raise
+        OutOfBlocks and change nothing."""
         table = self.table(seq)
         new = max(0, blocks_needed(self.lengths[seq] + n, self.block_size) - len(table))
-        copies = self.shared_writes(seq, n)          # chapter 4: shared blocks these tokens write into
+        copies = self.shared_writes(seq, n)   # chapter 4: shared blocks written into
         wanted = new + len(copies)
-        if wanted > self.allocator.num_free:         # checked before the first copy or allocation
-            raise OutOfBlocks(wanted, self.allocator.num_free, f"sequence {seq} cannot reserve {n} token(s)")
+        free = self.allocator.num_free
+        if wanted > free:                     # before the first copy or allocation
+            what = f"sequence {seq} cannot reserve {n} token(s)"
+            raise OutOfBlocks(wanted, free, what)
         for index in copies:
             self.copy_on_write(seq, index)
         table.extend(self.allocator.allocate(new))
 
     def set_batch(self, seqs) -> None:
-        """Name the sequences of the next forward (batch-row order) and build their block-table tensor."""
+        """Name the sequences of the next forward (batch-row order); build their block
+        tables as one tensor, with their lengths and capacities."""
         seqs = list(seqs)
         if not seqs or len(set(seqs)) != len(seqs):
             raise ValueError(f"a batch needs distinct sequences, got {seqs}")
         tables = [self.table(seq) for seq in seqs]
         width = max(1, max(len(table) for table in tables))
-        # Short rows are padded with block 0: only positions past a row's kv_len ever read it.
+        # Short rows are padded with block 0: only positions past kv_len read it.
         rows = [table + [0] * (width - len(table)) for table in tables]
+        lengths = [self.lengths[seq] for seq in seqs]
+        capacity = [len(table) * self.block_size for table in tables]
         self.batch = seqs
         self.block_tables = torch.tensor(rows, dtype=torch.long, device=self.device)
-        self.batch_lengths = torch.tensor([self.lengths[s] for s in seqs], dtype=torch.long, device=self.device)
-        self.batch_capacity = torch.tensor([len(t) * self.block_size for t in tables], device=self.device)
+        self.batch_lengths = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        self.batch_capacity = torch.tensor(capacity, dtype=torch.long,
+                                           device=self.device)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
-        """Store k, v [B, Hkv, T, D] at their slots, then read each row's history back (the reference path)."""
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor):
+        """Store k, v [B, Hkv, T, D] at their slots, then read each row's history back
+        (the reference path)."""
         kv_lens = self.write(layer, k, v, positions)
-        return self.gather(self.k_pools[layer], kv_lens), self.gather(self.v_pools[layer], kv_lens), kv_lens
+        keys = self.gather(self.k_pools[layer], kv_lens)
+        return keys, self.gather(self.v_pools[layer], kv_lens), kv_lens
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Scatter k, v [B, Hkv, T, D] into this layer's pools through the slot mapping; return kv_lens [B]."""
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+              positions: torch.Tensor) -> torch.Tensor:
+        """Scatter k, v [B, Hkv, T, D] into this layer's pools through the slot
+        mapping; return kv_lens [B], the keys each row holds after this step."""
         if layer == 0:
-            self.check_positions(positions)          # in the batch's reserved room, above its history
-        valid = positions >= 0                       # padding (-1) is never written
+            self.check_positions(positions)   # in reserved room, above the history
+        valid = positions >= 0                # padding (-1) is never written
         slots = slot_mapping(self.block_tables, positions, self.block_size)[valid]
         blocks, offsets = slots // self.block_size, slots % self.block_size
-        self.k_pools[layer][blocks, :, offsets] = k.transpose(1, 2)[valid].to(self.dtype)
-        self.v_pools[layer][blocks, :, offsets] = v.transpose(1, 2)[valid].to(self.dtype)
-        newest = torch.where(valid, positions, -1).amax(dim=1) + 1 if positions.shape[1] else self.batch_lengths
-        kv_lens = torch.maximum(self.batch_lengths, newest)
-        if layer == len(self.k_pools) - 1:          # the last layer commits the new lengths
+        k_pool, v_pool = self.k_pools[layer], self.v_pools[layer]
+        k_pool[blocks, :, offsets] = k.transpose(1, 2)[valid].to(self.dtype)
+        v_pool[blocks, :, offsets] = v.transpose(1, 2)[valid].to(self.dtype)
+        highest = torch.where(valid, positions, -1).amax(dim=1, keepdim=True)
+        kv_lens = torch.maximum(self.batch_lengths, highest.squeeze(1) + 1)
+        if layer == len(self.k_pools) - 1:    # the last layer commits the new lengths
             for seq, n in zip(self.batch, kv_lens.tolist()):
                 self.lengths[seq] = n
             self.batch_lengths = kv_lens
         return kv_lens
 
     def gather(self, pool: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
-        """Each row's positions 0..kv_len-1 read back out of the pool: [B, Hkv, L, D], key j = position j."""
+        """Each row's positions 0..kv_len-1 read back out of the pool:
+        [B, Hkv, L, D], key j = position j."""
         span = max(int(kv_lens.max()), 1)
         history = torch.arange(span, device=self.device).expand(len(self.batch), span)
         history = torch.where(history < kv_lens[:, None], history, -1)
-        # Positions past a row's kv_len map to slot -1; clamped to slot 0, they are masked by kv_lens.
+        # Past a row's kv_len: slot -1, clamped to slot 0; kv_lens masks those keys.
         slots = slot_mapping(self.block_tables, history, self.block_size).clamp(min=0)
-        return pool[slots // self.block_size, :, slots % self.block_size].transpose(1, 2)
+        bs = self.block_size
+        return pool[slots // bs, :, slots % bs].transpose(1, 2)
 
     def attend(self, layer: int, q, k, v, positions: torch.Tensor) -> torch.Tensor:
         """Store k, v, then attend q [B, Hq, T, D] through the block tables (Triton kernels read the pool in place)."""
@@ -136,49 +151,57 @@ class PagedKVCache:
         return self.lengths[seq]
 
     def free(self, seq: int) -> None:
-        """Forget seq: each of its blocks loses one owner, and blocks nobody else names become free."""
-        if self.swapped.pop(seq, None) is not None:  # swapped out (chapter 7): it holds no block
+        """Forget seq: each of its blocks loses one owner; blocks nobody else names
+        are free again."""
+        if self.swapped.pop(seq, None) is not None:   # swapped out (chapter 7)
             return
         for block in self.table(seq):
             self.allocator.release(block)
         del self.tables[seq], self.lengths[seq]
 
     def truncate(self, seq: int, length: int) -> None:
-        """Roll seq back to its first `length` tokens (rejected draft tokens) and release the blocks past them."""
+        """Roll seq back to its first `length` tokens (rejected draft tokens); release
+        the blocks past them."""
         table = self.table(seq)
         if not 0 <= length <= self.lengths[seq]:
-            raise ValueError(f"cannot truncate sequence {seq} of {self.lengths[seq]} tokens to {length}")
+            raise ValueError(f"cannot truncate sequence {seq} of {self.lengths[seq]} "
+                             f"tokens to {length}")
         keep = blocks_needed(length, self.block_size)
         for block in table[keep:]:
             self.allocator.release(block)
         del table[keep:]
-        # A kept block that is shared and now partial is not copied here: the next reserve copies it.
+        # A kept block that is shared and now partial is copied by the next reserve.
         self.lengths[seq] = length
 
-    # ---- for callers that place K/V without a forward pass: a prefix-cache hit, the simulator ----
+    # ---- for callers that place K/V without a forward pass: a prefix hit, the simulator
 
     def share_blocks(self, seq: int, blocks) -> None:
-        """Append blocks that already hold seq's next positions (a prefix-cache hit), one more owner each."""
+        """Append blocks that already hold seq's next positions (a prefix-cache hit),
+        each with one more owner."""
         table, blocks = self.table(seq), list(blocks)
-        for block in blocks:                         # all checked before any is shared
+        for block in blocks:                  # all checked before any is shared
             if self.allocator.refcount(block) == 0:
-                raise ValueError(f"sequence {seq}: block {block} is free, so it holds nobody's K/V to share")
+                raise ValueError(f"sequence {seq}: block {block} is free, so it holds "
+                                 "nobody's K/V to share")
         for block in blocks:
             self.allocator.share(block)
         table.extend(blocks)
 
     def set_length(self, seq: int, length: int) -> None:
-        """Record that seq's first `length` positions hold K/V written without update (a prefix hit, a simulation)."""
-        table = self.table(seq)
-        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= len(table) * self.block_size:
-            raise ValueError(f"sequence {seq}: length {length!r} is outside the {len(table) * self.block_size} "
+        """Record that seq's first `length` positions hold K/V written without update
+        (a prefix hit, a simulation)."""
+        slots = len(self.table(seq)) * self.block_size
+        if isinstance(length, bool) or not isinstance(length, int) \
+                or not 0 <= length <= slots:
+            raise ValueError(f"sequence {seq}: length {length!r} is outside the {slots} "
                              "slots of its blocks")
         self.lengths[seq] = length
 
     # ---- sharing: fork and copy-on-write (chapter 4) ----
 
     def fork(self, parent: int, child: int) -> None:
-        """Start child as an alias of parent: copy the table and add an owner to each block, no data copied."""
+        """Start child as an alias of parent: copy the table, add an owner to each
+        block; no data is copied."""
         table = list(self.table(parent))
         self.create(child)
         self.tables[child], self.lengths[child] = table, self.lengths[parent]
@@ -186,15 +209,16 @@ class PagedKVCache:
             self.allocator.share(block)
 
     def copy_on_write(self, seq: int, index: int) -> None:
-        """Give seq a private copy of logical block `index` if another owner shares it; seq writes there next."""
+        """Give seq a private copy of logical block `index` if another owner shares it;
+        seq writes there next."""
         table = self.tables[seq]
         block = table[index]
-        if self.allocator.refcount(block) == 1:      # private already: write in place
+        if self.allocator.refcount(block) == 1:   # private already: write in place
             return
         [fresh] = self.allocator.allocate(1)
-        for pool in self.k_pools + self.v_pools:     # every layer, K and V
+        for pool in self.k_pools + self.v_pools:  # every layer, K and V
             pool[fresh].copy_(pool[block])
-        self.allocator.release(block)                # the other owners keep the original untouched
+        self.allocator.release(block)             # the other owners keep the original
         table[index] = fresh
 
     # ---- preemption: swap to host memory and back ----
@@ -223,7 +247,7 @@ class PagedKVCache:
         if seq not in self.swapped:
             raise KeyError(f"sequence {seq} is not swapped out")
         saved = self.swapped[seq]
-        if saved.keys.shape[1] > self.allocator.num_free:   # on failure seq stays swapped out
+        if saved.keys.shape[1] > self.allocator.num_free:   # seq stays swapped out
             raise OutOfBlocks(saved.keys.shape[1], self.allocator.num_free,
                               f"sequence {seq} cannot swap in")
         blocks = self.allocator.allocate(saved.keys.shape[1])
@@ -266,17 +290,21 @@ class PagedKVCache:
         return self.tables[seq]
 
     def shared_writes(self, seq: int, n: int) -> list[int]:
-        """Table indices that n new tokens of seq write into while another owner still names the block."""
+        """Table indices that n new tokens of seq write into while another owner still
+        names the block."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"can only reserve an int >= 0 of tokens, got {n!r}")
         table, start = self.table(seq), self.lengths[seq]
         end = min(len(table), blocks_needed(start + n, self.block_size)) if n else 0
-        return [i for i in range(start // self.block_size, end) if self.allocator.refcount(table[i]) > 1]
+        return [i for i in range(start // self.block_size, end)
+                if self.allocator.refcount(table[i]) > 1]
 
     def blocks_wanted(self, seq: int, n: int) -> int:
-        """Free blocks reserve(seq, n) would take: new blocks plus copies of shared blocks it writes into."""
+        """Free blocks reserve(seq, n) would take: new blocks plus copies of shared
+        blocks it writes into."""
         copies = self.shared_writes(seq, n)
-        return len(copies) + max(0, blocks_needed(self.lengths[seq] + n, self.block_size) - len(self.tables[seq]))
+        needed = blocks_needed(self.lengths[seq] + n, self.block_size)
+        return len(copies) + max(0, needed - len(self.tables[seq]))
 
     def check_positions(self, positions: torch.Tensor) -> None:
         """Refuse a batch set_batch did not name, writes below a row's length (history is immutable) and

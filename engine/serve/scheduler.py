@@ -182,17 +182,18 @@ class Scheduler:
 
     # ---- admission ---------------------------------------------------------------------------
     def admit(self, seq: Sequence, budget: int) -> int:
-        """Let waiting `seq` in if its whole prompt fits with the margin, and reserve its first chunk.
+        """Let waiting `seq` in if its prompt fits with the margin; reserve a chunk.
 
-        Returns the tokens reserved for this step (at most `budget`); 0 when it cannot come in now,
-        and then nothing has changed: no table, no refcount, the same queues.
+        Returns the tokens reserved for this step (at most `budget`); 0 when it cannot
+        come in now, and then nothing has changed: no table, no refcount, same queues.
         """
-        reused = self.attach(seq)      # created in the cache; its first `reused` tokens are cached
-        # Count after attaching: shared blocks are no longer free to evict (the vLLM trap), and
-        # blocks_wanted also counts the copy of a shared last block that the first write triggers.
-        need = self.cache.blocks_wanted(seq.seq_id, len(seq.tokens) - reused) + self.margin()
+        reused = self.attach(seq)      # in the cache now; `reused` tokens are cached
+        # Count after attaching: shared blocks are no longer free to evict (the vLLM
+        # trap); blocks_wanted counts the copy of a shared last block a write triggers.
+        need = self.cache.blocks_wanted(seq.seq_id, len(seq.tokens) - reused)
+        need += self.margin()
         if not self.make_room(need):
-            self.detach(seq)                           # undo the attach: nothing changes
+            self.detach(seq)                   # undo the attach: nothing changes
             return 0
         seq.num_computed = seq.cached_tokens = reused
         count = min(seq.num_pending, budget)
@@ -257,11 +258,12 @@ class Scheduler:
             self.prefix.remember(seq.seq_id, seq.tokens[:seq.num_computed])
 
     # ---- preemption --------------------------------------------------------------------------
-    def reserve_or_preempt(self, seq: Sequence, count: int, scheduled: set[int]) -> bool:
+    def reserve_or_preempt(self, seq: Sequence, count: int, scheduled: set) -> bool:
         """Reserve `count` positions for running `seq`, freeing memory until that works.
 
-        Out of memory: evict unused prefix-cache blocks first; when that frees nothing, preempt
-        choose_victim(scheduled) and retry. False when the victim was `seq` itself.
+        Out of memory: evict unused prefix-cache blocks first; when that frees
+        nothing, preempt choose_victim(scheduled) and retry. False when the victim
+        was `seq` itself.
         """
         while True:
             try:
@@ -276,7 +278,7 @@ class Scheduler:
                     return False
 
     def choose_victim(self, scheduled: set[int]) -> Sequence:
-        """The running sequence to preempt: the newest one whose id is not in `scheduled`."""
+        """The running sequence to preempt: the newest not in `scheduled`."""
         return next(s for s in reversed(self.running) if s.seq_id not in scheduled)
 
     def preemption_mode(self, seq: Sequence) -> str:
@@ -293,22 +295,25 @@ class Scheduler:
         return "swap" if (mode == "swap" and can_swap) else "recompute"
 
     def preempt(self, seq: Sequence) -> str:
-        """Take a running sequence's KV memory back; it resumes later where it stopped. Returns the mode."""
+        """Take a running sequence's KV memory back; it resumes later where it stopped.
+
+        Returns the mode used, "swap" or "recompute".
+        """
         mode = self.preemption_mode(seq)
         self.running.remove(seq)
         seq.preemptions += 1
         self.preemptions[mode] += 1
         if mode == "swap":
-            self.release(seq, swap=True)               # its K/V wait in host memory
+            self.release(seq, swap=True)       # its K/V wait in host memory
             self.swapped_tokens += seq.num_computed
             seq.status = Status.SWAPPED
             self.swapped.append(seq)
         else:
-            self.publish(seq)                          # its blocks may still be there when it returns
+            self.publish(seq)                  # its blocks may be cached on return
             self.release(seq)
-            seq.num_computed = 0                       # prompt and output are prefilled again
+            seq.num_computed = 0               # prompt and output are prefilled again
             seq.status = Status.WAITING
-            self.waiting.appendleft(seq)               # victims are newest first, so older ends in front
+            self.waiting.appendleft(seq)       # newest go first: older end in front
         return mode
 
     def resume(self, seq: Sequence) -> bool:
@@ -326,10 +331,11 @@ class Scheduler:
 
     # ---- forks and leaving -------------------------------------------------------------------
     def fork_samples(self, seq: Sequence, new_ids: Iterator[int]) -> list[Sequence]:
-        """Split `seq`, whose prompt was just prefilled, into its request's n samples; returns the new ones.
+        """Split `seq`, its prompt just prefilled, into the request's n samples.
 
-        Sample i (1..n-1) gets the id next(new_ids), a copy of the tokens, a generator seeded with
-        request.seed + i, and every block of `seq` (cache.fork); it runs from the next step on.
+        Sample i (1..n-1) gets the id next(new_ids), a copy of the tokens, a generator
+        seeded with request.seed + i, and every block of `seq` (cache.fork); it runs
+        from the next step on. Returns the new sequences.
         """
         request = seq.request
         children = []
