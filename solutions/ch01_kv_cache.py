@@ -198,7 +198,8 @@ print(f"decode logits vs a from-scratch run of the whole sequences: max |Δ| = "
 # Python's per-call overhead, takes most of the time.
 
 # %% nbgrader={"grade": false, "grade_id": "ch01_why", "locked": true, "schema_version": 3, "solution": false}
-wide = tiny_model(seed=0, hidden_size=192, intermediate_size=384, num_heads=6, head_dim=32)
+wide = tiny_model(seed=0, hidden_size=192, intermediate_size=384,
+                  num_heads=6, head_dim=32)
 prompt, steps = seeded_tokens(96, seed=3), 32
 
 scratch_tokens, scratch_ms, scratch_positions = list(prompt), [], []

@@ -69,7 +69,7 @@ from engine.generate import cached_step, scratch_logits
 
 CONFIGS = Path(engine.config.__file__).parent / "configs"   # the published config.json files
 KiB, MiB, GiB = 2**10, 2**20, 2**30
-torch.manual_seed(0)
+_ = torch.manual_seed(0)                                    # the prompts of section 2.6
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_why_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 2.1 Why blocks
@@ -179,11 +179,14 @@ print(f"position {p}: logical block {p // b}, offset {p % b}, physical block {ta
 # * `blocks_needed(num_tokens, block_size) -> int` ($\lceil n/b \rceil$ with integer arithmetic)
 # * `slot_mapping(block_tables, positions, block_size)`: the batched version the cache uses in every
 #   forward pass. `block_tables` is `[B, M]`, `positions` is `[B, T]` with `-1` marking padding; return
-#   the flat slots `[B, T]`, with `-1` wherever the position is `-1`. Use tensor operations
-#   (`torch.gather`, `torch.where`), not a Python loop.
+#   the flat slots `[B, T]`, with `-1` wherever the position is `-1`. Tensor operations
+#   (`torch.gather`, `torch.where`) keep it fast on the batches the cache sees in every forward pass;
+#   a Python loop over rows and columns gives the same answer, only slower, and the check grades the
+#   answer.
 #
-# Keep the argument checks (`check_block_size`, range errors) if you like; the graded checks only use
-# valid inputs.
+# Each stub keeps only the function's signature and docstring. The engine's own versions also reject
+# bad arguments (`check_block_size`, imported in the setup cell, and an `IndexError` for a position
+# outside the table); you may do the same, but it is not graded: the checks only pass valid inputs.
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_physical_slot", "locked": false, "schema_version": 3, "solution": true}
 #| include engine/cache/slots.py::physical_slot
@@ -354,7 +357,7 @@ plt.show()
 #
 # * **`allocate(n=1) -> list[int]`** takes $n$ blocks off the free list and gives each a reference
 #   count of 1. It is *all or nothing*: if fewer than $n$ blocks are free it raises
-#   `OutOfBlocks(wanted=n, free=...)` and changes nothing. The scheduler (chapter 7) reacts to that
+#   `OutOfBlocks(wanted, free)` (here `OutOfBlocks(n, number of free blocks)`) and changes nothing. The scheduler (chapter 7) reacts to that
 #   error by waiting, evicting or preempting; it can only do so safely if the failed call left no
 #   half-taken blocks behind, because no table would ever name, and so release, those blocks.
 # * **`share(block)`** adds an owner to a block that is in use. Today nobody calls it; in chapter 4 a
@@ -362,7 +365,9 @@ plt.show()
 #   across requests.
 # * **`release(block)`** drops one owner. Only the *last* release puts the block back on the free
 #   list. Releasing a block that is already free is a bug in the caller (a double free) and raises
-#   `BlockRefError`, naming the block; so does sharing a free block.
+#   `BlockRefError(block, message)`, with the block's id and a message that names it (for example
+#   `BlockRefError(7, "block 7 released too often: it is already free")`); so does sharing a free
+#   block.
 #
 # The invariant that makes it correct: **a block's reference count equals the number of owners that
 # name it**, and a block is on the free list exactly when that count is 0. Break it one way and blocks
@@ -372,14 +377,19 @@ plt.show()
 #
 # ### Exercise 2.3 — `BlockAllocator` (2 + 3 + 2 + 5 points)
 #
-# The cell below is the engine's `BlockAllocator` with the bodies of `allocate`, `share` and `release`
-# removed. The constructor, `refcount`, `num_free` and `check_id` are given: the free list is a
-# `deque` (`self.free`) and the counts live in `self.refs`. Write the three methods. Four checks
-# follow: the basics, the errors, a 300-step random workload of grow / fork / free compared after
-# every step with the true counts, and finally your allocator inside the real cache.
+# The cell below is a subclass of the engine's `BlockAllocator` that defines only `allocate`, `share`
+# and `release`, with their bodies removed; everything else is the engine's. Its constructor,
+# `BlockAllocator(num_blocks)`, sets up `self.num_blocks`, the free list `self.free` (a `deque` of
+# block ids, every block at the start, the next to hand out on the left) and the counts
+# `self.refs` (a list, `self.refs[block]`, all 0); `refcount(block)`, the property `num_free` and
+# `check_id(block)` (an `IndexError` for an id outside the pool) are given too. The two errors come
+# from `engine.cache.errors`, already imported: `OutOfBlocks(wanted, free)` and
+# `BlockRefError(block, message)`. Write the three methods. Four checks follow: the basics, the
+# errors, a 300-step random workload of grow / fork / free compared after every step with the true
+# counts, and finally your allocator inside the real cache.
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_allocator", "locked": false, "schema_version": 3, "solution": true}
-#| include engine/cache/allocator.py::BlockAllocator solve=allocate,share,release
+#| include engine/cache/allocator.py::BlockAllocator.allocate,share,release solve=allocate,share,release
 
 # %% nbgrader={"grade": true, "grade_id": "ch02_test_allocator_basics", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 ch02.check_allocator_basics(BlockAllocator)
@@ -560,5 +570,5 @@ free_all(your_cache)
 # * The allocator's reference counts say how many owners each block has; only the last release frees
 #   a block, and a failed allocation changes nothing.
 #
-# **Next.** Chapter 3 (coming) builds the paged cache itself: `reserve`, `set_batch` and the
+# **Next.** Chapter 3 builds the paged cache itself: `reserve`, `set_batch` and the
 # scatter/gather of K and V through the tables. Chapter 4 lets several sequences share blocks.

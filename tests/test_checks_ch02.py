@@ -1,6 +1,7 @@
 """The chapter-2 checks pass on the engine's reference, fail on stubs, and fail on classic bugs with a
 message that says what went wrong."""
 import pytest
+import torch
 
 from engine.cache import slots
 from engine.cache.allocator import BlockAllocator
@@ -107,6 +108,16 @@ def mapping_keeps_padding(block_tables, positions, bs):
     return block_tables.gather(1, safe // bs) * bs + safe % bs
 
 
+def index_ignores_table(table, pos, bs):
+    """The flat slot of the logical block: the position itself."""
+    return pos
+
+
+def mapping_ignores_table(block_tables, positions, bs):
+    """Returns the logical slots: the positions, padding kept at -1."""
+    return torch.where(positions >= 0, positions, -1)
+
+
 def mapping_off_by_one(block_tables, positions, bs):
     out = slots.slot_mapping(block_tables, positions, bs)
     return out.where(positions < 0, out + 1)
@@ -114,13 +125,17 @@ def mapping_off_by_one(block_tables, positions, bs):
 
 @pytest.mark.parametrize("check, bug, words", [
     (ch02.check_physical_slot, slot_before_boundary, ["FIRST slot of logical block"]),
-    (ch02.check_physical_slot, slot_ignores_table, ["worked example", "expected (7, 1), got (2, 1)"]),
-    (ch02.check_slot_index, index_without_scale, ["expected 29, got 8", "block * bs + offset"]),
-    (ch02.check_slot_index, index_one_past, ["expected 29, got 30"]),
+    (ch02.check_physical_slot, slot_ignores_table, ["worked example", "expected (7, 1), got (2, 1)",
+                                                    "block table was ignored"]),
+    (ch02.check_slot_index, index_without_scale, ["expected 29, got 8", "block id was not scaled"]),
+    (ch02.check_slot_index, index_one_past, ["expected 29, got 30", "one slot off"]),
+    (ch02.check_slot_index, index_ignores_table, ["expected 29, got 9", "block table was ignored"]),
     (ch02.check_blocks_needed, blocks_floor_plus_one, ["blocks_needed(0, 16)", "expected 0, got 1"]),
     (ch02.check_blocks_needed, blocks_floor, ["expected 1, got 0", "start one more"]),
     (ch02.check_slot_mapping, mapping_keeps_padding, ["position -1", "expected -1", "padding"]),
-    (ch02.check_slot_mapping, mapping_off_by_one, ["expected 28, got 29"]),
+    (ch02.check_slot_mapping, mapping_off_by_one, ["expected 28, got 29", "one slot off"]),
+    (ch02.check_slot_mapping, mapping_ignores_table, ["expected 28, got 8", "block table was ignored",
+                                                      "table[pos // bs] = 7"]),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_slot_math_bug_is_caught(check, bug, words):
     message = fails(check, bug)
@@ -170,6 +185,16 @@ class EagerRelease(BlockAllocator):
             super().release(block)
 
 
+class FreesWhileOwned(BlockAllocator):
+    """Drops one reference, but puts the block back on the free list even when owners remain."""
+
+    def release(self, block):
+        shared = self.refcount(block) > 1
+        super().release(block)
+        if shared:
+            self.free.append(block)
+
+
 class HandsOutLiveBlock(BlockAllocator):
     """From the fourth call on, allocate(1) hands out a block that is still in use."""
 
@@ -195,9 +220,13 @@ class HandsOutLiveBlock(BlockAllocator):
     (ch02.check_allocator_basics, HandsOutLiveBlock, ["allocate() call 3 of 8", "still in use",
                                                       "handed out twice", "only from the free list"]),
     (ch02.check_refcounts_balance, LeakyRelease, ["never dropped (a leak)"]),
-    (ch02.check_refcounts_balance, EagerRelease, ["dropped too early", "use after free"]),
+    (ch02.check_refcounts_balance, EagerRelease, ["dropped more than one reference", "use after free"]),
+    (ch02.check_allocator_basics, FreesWhileOwned, ["expected 4, got 5", "while it still has an owner"]),
+    (ch02.check_refcounts_balance, FreesWhileOwned, ["while a table still names it"]),
+    (ch02.check_allocator_in_engine, FreesWhileOwned, ["expected 24, got 27", "on the free list twice"]),
     (ch02.check_allocator_in_engine, LeakyRelease, ["releasing it", "expected 24, got 0", "(a leak)"]),
-    (ch02.check_allocator_in_engine, EagerRelease, ["refcount of the child's block", "expected 1, got 0"]),
+    (ch02.check_allocator_in_engine, EagerRelease, ["refcount of the child's block", "expected 1, got 0",
+                                                    "freed the child's block"]),
     (ch02.check_allocator_in_engine, HandsOutLiveBlock, ["from-scratch run", "max |Δ|", ("twice", "in the tables of both"), "still in use"]),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_allocator_bug_is_caught(check, bug, words):
@@ -212,7 +241,7 @@ def test_a_live_block_handed_out_again_is_named_with_its_refcount():
 
 
 @pytest.mark.parametrize("bug", [HalfAllocate, SilentDoubleFree, SilentShareOfFree, LeakyRelease, EagerRelease,
-                                 HandsOutLiveBlock], ids=lambda b: b.__name__)
+                                 FreesWhileOwned, HandsOutLiveBlock], ids=lambda b: b.__name__)
 def test_every_planted_allocator_bug_fails_a_bookkeeping_check(bug):
     # The basics check covers normal use (allocate, share, release); the error paths (a failed
     # allocation, a double free, a share of a free block) are the errors check's. Together, with no
@@ -224,6 +253,20 @@ def test_every_planted_allocator_bug_fails_a_bookkeeping_check(bug):
         except CheckFailed:
             caught.append(check.__name__)
     assert caught, f"{bug.__name__} passes both the basics and the errors check"
+
+
+def test_a_table_ignored_is_not_called_an_off_by_one():
+    for check, bug in ((ch02.check_slot_mapping, mapping_ignores_table),
+                       (ch02.check_slot_index, index_ignores_table),
+                       (ch02.check_physical_slot, slot_ignores_table)):
+        assert "+1 or -1" not in fails(check, bug)
+
+
+@pytest.mark.parametrize("check", [ch02.check_allocator_basics, ch02.check_refcounts_balance,
+                                   ch02.check_allocator_in_engine], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("bug", [EagerRelease, FreesWhileOwned], ids=lambda b: b.__name__)
+def test_freeing_a_block_with_owners_is_not_called_a_leak(check, bug):
+    assert "leak" not in fails(check, bug)
 
 
 def test_half_allocation_names_the_leaked_blocks():

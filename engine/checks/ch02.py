@@ -39,8 +39,10 @@ def _table_for(length: int, bs: int, seed: int) -> list[int]:
 def check_physical_slot(physical_slot) -> None:
     """`physical_slot(table, pos, bs) -> (block, offset)`: the worked example, then every boundary."""
     got = physical_slot([5, 1, 7], 9, 4)
-    expect_equal(tuple(got) if isinstance(got, (tuple, list)) else got, (7, 1),
+    got = tuple(got) if isinstance(got, (tuple, list)) else got
+    expect_equal(got, (7, 1),
                  "physical_slot([5, 1, 7], 9, 4), the worked example: position 9 with blocks of 4",
+                 _pair_hint([5, 1, 7], 9, 4, got) if got == (2, 1) else
                  "position 9 is in logical block 9 // 4 = 2, which the table maps to physical block 7, "
                  "at offset 9 % 4 = 1")
     cases = 1
@@ -52,7 +54,7 @@ def check_physical_slot(physical_slot) -> None:
                 got = physical_slot(list(table), pos, bs)
                 got = tuple(got) if isinstance(got, (tuple, list)) else got
                 expect_equal(got, want, f"physical_slot(table={table}, pos={pos}, bs={bs})",
-                             _boundary_hint(pos, bs))
+                             _pair_hint(table, pos, bs, got))
                 cases += 1
     passed(f"physical_slot: {cases} positions, including the last slot of a block and the first of "
            f"the next; table [5, 1, 7], position 9, bs 4 -> block 7, offset 1")
@@ -61,9 +63,9 @@ def check_physical_slot(physical_slot) -> None:
 @check
 def check_slot_index(slot_index) -> None:
     """`slot_index(table, pos, bs)`: the flat index of a position's slot in the pool."""
-    expect_equal(slot_index([5, 1, 7], 9, 4), 7 * 4 + 1,
-                 "slot_index([5, 1, 7], 9, 4): block 7, offset 1, blocks of 4 slots",
-                 "the flat slot is block * bs + offset")
+    got = slot_index([5, 1, 7], 9, 4)
+    expect_equal(got, 7 * 4 + 1, "slot_index([5, 1, 7], 9, 4): block 7, offset 1, blocks of 4 slots",
+                 _slot_hint([5, 1, 7], 9, 4, got))
     checked = 1
     for bs in BLOCK_SIZES:
         for length in _boundary_lengths(bs):
@@ -73,7 +75,7 @@ def check_slot_index(slot_index) -> None:
                 want = table[pos // bs] * bs + pos % bs
                 got = slot_index(list(table), pos, bs)
                 expect_equal(got, want, f"slot_index(table={table}, pos={pos}, bs={bs})",
-                             _boundary_hint(pos, bs))
+                             _slot_hint(table, pos, bs, got))
                 slots.append(got)
                 checked += 1
             if len(set(slots)) != len(slots):
@@ -121,7 +123,7 @@ def check_slot_mapping(slot_mapping) -> None:
                 pos = int(positions[b, t])
                 what = (f"slot_mapping, row {b} (table {tables[b].tolist()}), position {pos}, bs {bs}")
                 hint = ("position -1 is padding: it has no slot, mark it -1" if pos < 0
-                        else _boundary_hint(pos, bs))
+                        else _slot_hint(tables[b].tolist(), pos, bs, int(got[b, t])))
                 fail(what, int(want[b, t]), int(got[b, t]), hint)
     rng = random.Random(5)
     for bs in BLOCK_SIZES:
@@ -141,9 +143,38 @@ def check_slot_mapping(slot_mapping) -> None:
                 want = -1 if pos < 0 else rows[b][pos // bs] * bs + pos % bs
                 if int(got[b, t]) != want:
                     fail(f"slot_mapping with bs {bs}, row {b} (table {rows[b]}), position {pos}", want,
-                         int(got[b, t]), "position -1 is padding: mark it -1" if pos < 0 else _boundary_hint(pos, bs))
+                         int(got[b, t]), "position -1 is padding: mark it -1" if pos < 0
+                         else _slot_hint(rows[b], pos, bs, int(got[b, t])))
     passed(f"slot_mapping: ragged batches across block boundaries for block sizes {list(BLOCK_SIZES)}, "
            "padding mapped to -1")
+
+
+IGNORED_TABLE = ("the block table was ignored: that is the slot of logical block {logical}, as if the "
+                 "sequence sat in blocks 0, 1, 2, ...; look up the physical block table[pos // bs] = "
+                 "{physical} and use it")
+
+
+def _pair_hint(table, pos: int, bs: int, got) -> str:
+    """Name the bug behind a wrong (block, offset) for position pos."""
+    if got == (pos // bs, pos % bs) and table[pos // bs] != pos // bs:
+        return IGNORED_TABLE.format(logical=pos // bs, physical=table[pos // bs])
+    return _boundary_hint(pos, bs)
+
+
+def _slot_hint(table, pos: int, bs: int, got) -> str:
+    """Name the bug behind a wrong flat slot for position pos (not padding)."""
+    block, offset = table[pos // bs], pos % bs
+    want = block * bs + offset
+    if got == pos and want != pos:
+        return IGNORED_TABLE.format(logical=pos // bs, physical=block)
+    if got == -1:
+        return "only padding (position -1) maps to -1; this is a real position"
+    if got == block + offset and bs > 1:
+        return "the block id was not scaled: the flat slot is block * bs + offset, not block + offset"
+    if got in (want - 1, want + 1):
+        return (f"one slot off: block {block} starts at slot {block * bs} and position {pos} sits at "
+                f"offset {offset} in it; use pos // bs and pos % bs, with no +1 or -1")
+    return _boundary_hint(pos, bs)
 
 
 def _boundary_hint(pos: int, bs: int) -> str:
@@ -198,6 +229,9 @@ def check_allocator_basics(cls) -> None:
                  "release drops ONE reference; a block with another owner stays in use, off the free list, "
                  "until its last owner releases it")
     expect_equal(allocator.num_free, 4, f"after release({a}) with one reference left: num_free",
+                 f"release put block {a} back on the free list while it still has an owner (refcount "
+                 f"{allocator.refcount(a)}): a block returns to the free list only when its refcount "
+                 "reaches 0" if allocator.num_free > 4 else
                  "a block returns to the free list only when its refcount reaches 0")
     allocator.release(a)
     expect_equal(allocator.refcount(a), 0, f"after the last release({a}): refcount({a})")
@@ -352,6 +386,15 @@ def check_refcounts_balance(cls, steps: int = 300, seed: int = 0) -> None:
            f"number of tables naming the block, no leak at the end")
 
 
+def _pool_hint(free: int, num_blocks: int) -> str:
+    """Why num_free is not the whole pool once nobody owns a block."""
+    if free > num_blocks:
+        return (f"the free list holds {free} entries for a pool of {num_blocks} blocks: release put a "
+                "block back while it still had owners, so it went on the free list twice; free a block "
+                "only when its refcount reaches 0")
+    return "blocks released by their last owner never came back on the free list (a leak)"
+
+
 def _clash(tables: dict[int, list[int]]) -> str:
     """'block b is in the tables of both sequence x and sequence y', or '' when no block is named twice."""
     owners: dict[int, int] = {}
@@ -373,6 +416,10 @@ def _compare_counts(allocator, counts: dict[int, int], log: list[str]) -> None:
             if got > want:
                 hint = ("a reference was counted but never dropped (a leak): does release decrement, "
                         "and does allocate set the count to 1 rather than adding to it?")
+            elif log[-1].startswith("free"):
+                hint = ("release dropped more than one reference: a block still named by another "
+                        "table became free and could be handed to another sequence (a use after "
+                        "free); release must drop exactly ONE reference")
             else:
                 hint = ("a reference was dropped too early: a block still named by a table could be "
                         "handed to another sequence (a use after free); does share increment?")
@@ -384,7 +431,9 @@ def _compare_counts(allocator, counts: dict[int, int], log: list[str]) -> None:
              free_truth, allocator.num_free,
              "num_free must count exactly the blocks whose refcount is 0"
              + (": some block at refcount 0 never went back on the free list"
-                if allocator.num_free < free_truth else ""))
+                if allocator.num_free < free_truth else
+                ": some block went back on the free list while a table still names it (release "
+                "freed it before its last owner released it)"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -410,7 +459,7 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
     for b in order:
         allocator.release(b)
     expect_equal(allocator.num_free, num_blocks, "after allocating the whole pool and releasing it: num_free",
-                 "blocks released by their last owner never came back on the free list (a leak)")
+                 _pool_hint(allocator.num_free, num_blocks))
     cache = PagedKVCache(model.config, num_blocks, block_size=block_size, dtype=torch.float32,
                          device="cpu", allocator=allocator)
     bs = block_size
@@ -448,9 +497,14 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
     cache.free(parent)
     del seqs[parent]
     for b in shared:
-        expect_equal(allocator.refcount(b), 1,
+        got = allocator.refcount(b)
+        expect_equal(got, 1,
                      f"after fork({parent} -> {child}) and free({parent}): refcount of the child's block {b}",
-                     "share adds one, release takes one away: 1 + 1 - 1 = 1")
+                     "share adds one, release takes one away: 1 + 1 - 1 = 1"
+                     + ("; release freed the child's block when the parent released it, though the "
+                        "child still owns it: drop ONE reference per release" if got == 0 else
+                        "; a reference was never dropped (a leak): release must decrement"
+                        if got > 1 else ""))
     # A newcomer takes blocks from the free list; they must not be the child's.
     newcomer = 5
     cache.create(newcomer)
@@ -467,7 +521,7 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
     for s in list(seqs):
         cache.free(s)
     expect_equal(allocator.num_free, num_blocks, "after every sequence was freed: num_free",
-                 "some block never came back: a refcount leak")
+                 _pool_hint(allocator.num_free, num_blocks))
     bad = {b: allocator.refcount(b) for b in range(num_blocks) if allocator.refcount(b) != 0}
     expect_equal(bad, {}, "after every sequence was freed: blocks with a nonzero refcount")
     passed(f"your BlockAllocator inside PagedKVCache (bs {bs}, {num_blocks} blocks in scrambled order): "
