@@ -68,39 +68,47 @@ class QuantizedPagedKVCache(PagedKVCache):
 
     # ---- quantize on write, dequantize on read (chapter 8's exercise) ----
 
-    def quantize_into(self, pool: torch.Tensor, scales: torch.Tensor, blocks: torch.Tensor,
-                      offsets: torch.Tensor, rows: torch.Tensor) -> None:
-        """Write rows [N, Hkv, D] as int8 codes at (blocks[i], offsets[i]) of pool, keeping scales
-        [num_blocks, Hkv] = each block's largest |value| per head / 127. A block written from offset 0
-        starts afresh (its old codes and scale belong to a previous owner); a block whose scale must
-        grow has the codes it already holds re-rounded to the new scale."""
-        touched, where = torch.unique(blocks, return_inverse=True)
-        heads = rows.shape[1]
-        need = rows.abs().amax(dim=-1).float() / QMAX                     # [N, Hkv]
-        wanted = torch.zeros(len(touched), heads, device=rows.device)
+    def quantize_into(self, pool: torch.Tensor, scales: torch.Tensor,
+                      blocks: torch.Tensor, offsets: torch.Tensor,
+                      rows: torch.Tensor) -> None:
+        """Write rows [N, Hkv, D] as int8 codes at (blocks[i], :, offsets[i]) of pool.
+
+        scales [num_blocks, Hkv] keeps each block's largest |value| per head / 127.
+        A block written from offset 0 starts afresh (what it held was a previous
+        owner's); a block whose scale must grow has the codes it already holds
+        re-rounded to the new scale.
+        """
+        touched, where = torch.unique(blocks, return_inverse=True)   # each block once
+        need = rows.abs().amax(dim=-1).float() / QMAX                 # [N, Hkv] per row
+        wanted = torch.zeros(len(touched), rows.shape[1], device=rows.device)
         wanted.scatter_reduce_(0, where[:, None].expand_as(need), need, "amax")
-        first = torch.full((len(touched),), self.block_size, device=rows.device, dtype=offsets.dtype)
-        first.scatter_reduce_(0, where, offsets, "amin")
-        old = torch.where((first > 0)[:, None], scales[touched], 0.0)   # offset 0: nothing kept
+        first = torch.full((len(touched),), self.block_size, device=rows.device,
+                           dtype=offsets.dtype)
+        first.scatter_reduce_(0, where, offsets, "amin")               # lowest offset
+        old = torch.where((first > 0)[:, None], scales[touched], 0.0)  # offset 0: fresh
         new = torch.maximum(old, wanted).clamp(min=SCALE_FLOOR)
-        kept = pool[touched].float() * (old / new)[:, :, None, None]     # unchanged where s did not grow
+        kept = pool[touched].float() * (old / new)[:, :, None, None]   # same if s kept
         pool[touched] = torch.round(kept).to(pool.dtype)
         scales[touched] = new
         codes = torch.round(rows.float() / new[where][:, :, None]).clamp(-QMAX, QMAX)
         pool[blocks, :, offsets] = codes.to(pool.dtype)
 
-    def dequantize(self, pool: torch.Tensor, scales: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-        """The values of the blocks named by `blocks` (any shape of ids): blocks.shape + [Hkv, bs, D]."""
+    def dequantize(self, pool: torch.Tensor, scales: torch.Tensor,
+                   blocks: torch.Tensor) -> torch.Tensor:
+        """Values of the blocks named by `blocks` (ids, any shape).
+
+        Returns blocks.shape + [Hkv, block_size, head_dim], in self.read_dtype.
+        """
         codes = pool[blocks].to(self.read_dtype)
         return codes * scales[blocks].to(self.read_dtype)[..., None, None]
 
     def copy_on_write(self, seq: int, index: int) -> None:
-        """Copy-on-write as the paged cache does it, and the copy gets the block's scales too."""
+        """The paged cache's copy-on-write, and the copy gets the block's scales too."""
         block = self.tables[seq][index]
-        PagedKVCache.copy_on_write(self, seq, index)
+        PagedKVCache.copy_on_write(self, seq, index)     # copies the codes if shared
         fresh = self.tables[seq][index]
         if fresh != block:
-            for scales in self.k_scales + self.v_scales:
+            for scales in self.k_scales + self.v_scales:   # every layer, K and V
                 scales[fresh] = scales[block]
 
     # ---- the write and read paths around them ----
