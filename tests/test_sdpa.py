@@ -22,7 +22,7 @@ def random_case(generator, batch, tokens, q_heads, kv_heads, length=12, dim=16, 
     return q, keys, values, positions, kv_lens
 
 
-@pytest.mark.parametrize("batch, tokens, q_heads, kv_heads", itertools.product([1, 3], [1, 5], [4, 8], [1, 2, 4]))
+@pytest.mark.parametrize("batch, tokens, q_heads, kv_heads", list(itertools.product([1, 3], [1, 5], [4, 8], [1, 2, 4])))
 @pytest.mark.parametrize("ragged, padding", [(False, False), (True, False), (True, True)])
 def test_fused_attention_equals_the_reference(batch, tokens, q_heads, kv_heads, ragged, padding):
     generator = torch.Generator().manual_seed(batch * 100 + tokens * 10 + q_heads + kv_heads)

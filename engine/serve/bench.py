@@ -21,27 +21,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
 import sys
 
 import torch
 
 from engine.sampling import SamplingParams
-from engine.serve.contiguous import ContiguousKVCache
+from engine.serve.bench_setup import KINDS, Setup
 from engine.serve.engine import Engine
-from engine.serve.scheduler import SchedulerConfig
+from engine.serve.verdict import paged_ratios, paper_band, ratio, summary_lines
+from engine.serve.workloads import MIX_SIGMA, MIXES, arrival_times, make_mix_workload, make_prefix_workload, \
+    make_workload
 
-KINDS = ("max", "pow2", "oracle", "paged")
 REPORTED = ("concurrent_peak", "concurrent_mean", "concurrent_mean_saturated", "saturated_fraction",
             "kv_utilization_mean", "kv_pool_fill_mean", "preemptions_recompute", "preemptions_swap",
             "output_tokens_per_s", "requests_per_s", "normalized_latency_s_per_token", "ttft_mean_s",
             "elapsed_s", "steps", "output_tokens", "prompt_tokens_computed", "prefix_hit_rate",
             "prefix_tokens_saved")
-# The vLLM paper's (Kwon et al., SOSP 2023, section 6.1) datasets: mean prompt and output tokens.
-MIXES = {"sharegpt": (161.31, 337.99), "alpaca": (19.31, 58.45)}
-MIX_SIGMA = 0.8              # lognormal spread of the synthetic mixes: long-tailed, as in the paper's fig. 11
-PAPER_BAND = (2.0, 4.0)      # paged/Orca throughput the paper reports (2-4x; up to 22x over HF/FT is others)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,178 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no tqdm bars on stderr")
 
 
-def make_workload(requests: int, seed: int, prompt_len=(20, 500), output_len=(10, 200),
-                  vocab: int = 256) -> list[tuple[list[int], int]]:
-    """(prompt ids, output length) pairs, lengths uniform in the given ranges, fixed by the seed."""
-    rng = random.Random(seed)
-    return [([rng.randrange(vocab) for _ in range(rng.randint(*prompt_len))], rng.randint(*output_len))
-            for _ in range(requests)]
-
-
-def make_mix_workload(requests: int, seed: int, mix: str, max_len: int, scale: float = 1.0,
-                      vocab: int = 256) -> list[tuple[list[int], int]]:
-    """The vLLM paper's length mixes, synthesised: lognormal prompt and output lengths with the dataset's
-    means (times `scale`). A pair longer than `max_len` is redrawn, as vLLM's benchmark drops over-long
-    pairs; the lognormals are first calibrated (on a separate sample) so that the means survive that
-    cut, and the JSON reports the means actually drawn."""
-    targets = [m * scale for m in MIXES[mix]]
-    mus = [math.log(m) - MIX_SIGMA ** 2 / 2 for m in targets]    # E[lognormal] = exp(mu + sigma^2 / 2)
-    for _ in range(4):                                           # fixed point: drawn means -> targets
-        calibration = random.Random(seed + 7)
-        sample = [mix_lengths(calibration, mus, max_len) for _ in range(2048)]
-        mus = [mu + math.log(target / (sum(pair[i] for pair in sample) / len(sample)))
-               for i, (mu, target) in enumerate(zip(mus, targets))]
-    rng = random.Random(seed)
-    pairs = []
-    for _ in range(requests):
-        prompt, output = mix_lengths(rng, mus, max_len)
-        pairs.append(([rng.randrange(vocab) for _ in range(prompt)], output))
-    return pairs
-
-
-def mix_lengths(rng: random.Random, mus: list[float], max_len: int) -> tuple[int, int]:
-    """One (prompt, output) pair of lognormal lengths that fits in max_len (redrawn until it does)."""
-    while True:
-        prompt, output = (max(1, round(rng.lognormvariate(mu, MIX_SIGMA))) for mu in mus)
-        if prompt + output <= max_len:
-            return prompt, output
-
-
-def arrival_times(requests: int, rate: float | None, seed: int) -> list[float] | None:
-    """Poisson arrivals (exponential gaps, mean 1/rate seconds), or None: every request at time 0."""
-    if rate is None:
-        return None
-    if rate <= 0:
-        raise ValueError(f"--request-rate must be positive, got {rate}")
-    rng, now, times = random.Random(seed + 1), 0.0, []
-    for _ in range(requests):
-        now += rng.expovariate(rate)
-        times.append(now)
-    return times
-
-
-def make_prefix_workload(requests: int, seed: int, system_len: int, vocab: int = 256):
-    """Requests that share one system prompt, each followed by 16-64 tokens of its own; 16 outputs."""
-    rng = random.Random(seed)
-    system = [rng.randrange(vocab) for _ in range(system_len)]
-    own = [[rng.randrange(vocab) for _ in range(rng.randint(16, 64))] for _ in range(requests)]
-    return [(system + tokens, 16) for tokens in own]
-
-
-def check_device(device: str) -> None:
-    """Fail with a clear message when the asked-for device is not there."""
-    if device == "cuda" and not torch.cuda.is_available():
-        built = torch.version.cuda
-        raise ValueError("--device cuda: no CUDA device is available here (torch "
-                         f"{torch.__version__}, "
-                         f"{'built for CUDA ' + built if built else 'a CPU-only build'}); "
-                         "run it on a GPU machine, or use --device cpu or --simulate CONFIG --gpu NAME")
-
-
-def random_model(config, device: str, dtype: torch.dtype, seed: int = 0):
-    """A model of `config`'s shape with seeded random weights (PyTorch's default init), built on `device`."""
-    from engine.model import Qwen3Model
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen3Model(config)
-    return model.to(dtype).eval()
-
-
-class Setup:
-    """What differs between a CPU run, a GPU run and a simulation: the model, its caches, its clock."""
-
-    def __init__(self, args, simulate_as: tuple | None = None, budget: int | None = None):
-        """Build the model (or the roofline) and the KV budget in bytes from the command line.
-
-        `simulate_as=(config, name, gpu)` with `budget` builds the simulation that predicts a real GPU run.
-        """
-        self.args = args
-        self.simulated = bool(args.simulate) or simulate_as is not None
-        self.device = "cpu" if self.simulated else args.device
-        # On a CPU every length is halved by default: attention over a padded ragged batch costs
-        # rows x new tokens x history, so this keeps the whole bench under two minutes; the ratios
-        # barely move (the simulator, at full length, finds the same concurrency ratios).
-        self.scale = args.scale or (0.5 if self.device == "cpu" and not self.simulated else 1.0)
-        self.prompt_len = tuple(max(1, round(n * self.scale)) for n in args.prompt_len)
-        self.output_len = tuple(max(1, round(n * self.scale)) for n in args.output_len)
-        self.max_len = max(1, round(args.max_len * self.scale))
-        if self.simulated:
-            from engine.serve import simulate
-            config, config_name, gpu_name = simulate_as or (None, args.simulate, args.gpu or "H100-80GB")
-            gpu = simulate.GPUS.get(gpu_name)
-            if gpu is None:
-                raise ValueError(f"unknown --gpu {gpu_name!r}; known: {', '.join(simulate.GPUS)}")
-            self.config = config or simulate.load_config(config_name)
-            self.roofline = simulate.Roofline(self.config, gpu, name=config_name)
-            self.model, self.bytes_per_token = None, self.roofline.kv_bytes_per_token
-            self.budget = budget if budget is not None else self.roofline.kv_budget_bytes()
-            self.label = simulate.label(config_name, gpu)
-            return
-        check_device(self.device)
-        if args.gpu is not None:
-            from engine.serve.simulate import GPUS
-            if args.gpu not in GPUS:
-                raise ValueError(f"unknown --gpu {args.gpu!r}; known: {', '.join(GPUS)}")
-        if self.device == "cpu":
-            torch.set_num_threads(1)           # a tiny model: threads only add contention
-        self.dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
-        if args.model_config:
-            from engine.config import known_config
-            self.config = known_config(args.model_config)
-            self.model = random_model(self.config, self.device, self.dtype)
-            what = f"{args.model_config}-shaped model with random weights"
-        else:
-            from engine.checkpoint import tiny_model
-            # One layer and two query heads (over one KV head): a quarter of the tiny model's attention
-            # work, which dominates on a CPU, where every row of a ragged batch is padded to the longest.
-            self.model = tiny_model(num_layers=1, num_heads=2, num_kv_heads=1).to(self.device, self.dtype)
-            self.config = self.model.config
-            what = "tiny seeded model cut to 1 layer and 2 heads"
-        self.bytes_per_token = self.config.kv_bytes_per_token(self.dtype)
-        self.budget = args.slots * self.max_len * self.bytes_per_token
-        dtype = str(self.dtype).removeprefix("torch.")
-        budget = f"KV budget = {args.slots} Max slots of {self.max_len} tokens"
-        if not args.prefix:
-            budget += ", so memory binds"
-        if self.device == "cuda":
-            card = torch.cuda.get_device_name()
-            self.label = (f"MEASURED on {card}, {what}, {dtype}; {budget}. Eager PyTorch on padded ragged "
-                          "batches: the roofline prediction printed next to it is an upper bound")
-        elif args.prefix:
-            self.label = (f"MEASURED on CPU, {what}, {dtype}; prefix workload as given "
-                          f"({args.system_len}-token system prompt, 16-64 own tokens, 16 outputs; --scale "
-                          f"does not apply to it); {budget}")
-        else:
-            self.label = (f"MEASURED on CPU, {what}, {dtype}; lengths scaled by {self.scale:g}; {budget}. "
-                          "A CPU is compute-bound and pays for padding, so a bigger batch buys concurrency, "
-                          "not tokens/s: see --simulate for throughput on a GPU")
-
-    def engine(self, kind: str, prefix_caching: bool = True) -> Engine:
-        """A fresh Engine whose cache spends exactly the budget's bytes the `kind` way."""
-        args, tokens = self.args, self.budget // self.bytes_per_token
-        token_budget = args.token_budget or (256 if self.device == "cpu" and not self.simulated else 8192)
-        config = SchedulerConfig(max_num_seqs=4096, max_batched_tokens=token_budget)
-        if kind == "paged":
-            blocks = tokens // args.block_size
-            if self.simulated:
-                from engine.serve.simulate import BookkeepingPagedCache
-                cache = BookkeepingPagedCache(blocks, args.block_size)
-            else:
-                from engine.cache.paged import PagedKVCache
-                cache = PagedKVCache(self.config, blocks, args.block_size, dtype=self.dtype,
-                                     device=self.device)
-        elif self.simulated:
-            cache = ContiguousKVCache(self.config, tokens, kind, self.max_len, store=False)
-        else:
-            cache = ContiguousKVCache(self.config, tokens, kind, self.max_len, dtype=self.dtype,
-                                      device=self.device)
-        runner = None
-        if self.simulated:
-            from engine.serve.simulate import SimulatedRunner
-            runner = SimulatedRunner(self.roofline, cache)
-        return Engine(self.model, cache, config, prefix_caching=prefix_caching, runner=runner)
-
-
 def serve(engine: Engine, workload, progress: bool | None, desc: str = "requests",
           arrivals: list[float] | None = None) -> dict:
     """Serve the workload (greedy, fixed lengths) to the end, summarise.
@@ -266,41 +89,15 @@ def serve(engine: Engine, workload, progress: bool | None, desc: str = "requests
     Without `arrivals` every request is added at time 0; with them, request i joins the queue once the
     engine clock reaches arrivals[i] (an idle engine skips ahead to the next arrival).
     """
-    def add(index):
-        prompt, outputs = workload[index]
-        return engine.add_request(prompt, SamplingParams(max_tokens=outputs, ignore_eos=True), seed=index)
-
-    if arrivals is None:
-        for index in range(len(workload)):
-            add(index)
-        engine.run(progress=progress, desc=desc)
-    else:
-        bar = None
-        if progress or (progress is None and len(workload) >= 64):
-            from tqdm import tqdm
-            bar = tqdm(total=len(workload), desc=desc, unit="req", leave=False)
-        upcoming = 0
-        while upcoming < len(workload) or engine.has_unfinished():
-            if not engine.has_unfinished() and arrivals[upcoming] > engine.now:
-                engine.now = arrivals[upcoming]          # idle: nothing to do until the next arrival
-            while upcoming < len(workload) and arrivals[upcoming] <= engine.now:
-                add(upcoming).arrival = arrivals[upcoming]   # latency counts from the true arrival
-                upcoming += 1
-            for seq in engine.step():
-                if bar is not None and seq.request.finished:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
+    for index, (prompt, outputs) in enumerate(workload):
+        engine.add_request(prompt, SamplingParams(max_tokens=outputs, ignore_eos=True), seed=index,
+                           arrival=None if arrivals is None else arrivals[index])
+    engine.run(progress=progress, desc=desc)
     summary = engine.metrics.summary(engine)
     report = {key: summary[key] for key in REPORTED}
     if hasattr(engine.runner, "time_split"):
         report.update(engine.runner.time_split())
     return report
-
-
-def ratio(a, b):
-    """a / b rounded, or None when b is zero (or either is missing)."""
-    return round(a / b, 3) if a is not None and b else None
 
 
 def capacity_workload(setup: Setup, args):
@@ -339,114 +136,6 @@ def run_kinds(setup: Setup, args, workload, arrivals, progress=None):
         runs[kind] = serve(engine, workload, progress, kind, arrivals)
         metrics[kind] = engine.metrics
     return runs, metrics
-
-
-def paged_ratios(runs: dict) -> dict:
-    """paged over each other policy, for the figures that paging should move."""
-    ratios = {}
-    if "paged" in runs:
-        for kind in [k for k in KINDS if k in runs and k != "paged"]:
-            ratios[f"paged/{kind}"] = {key: ratio(runs["paged"][key], runs[kind][key]) for key in
-                                       ("concurrent_mean_saturated", "concurrent_mean", "concurrent_peak",
-                                        "kv_utilization_mean", "output_tokens_per_s")}
-    return ratios
-
-
-def paper_band(setup: Setup, runs: dict, ratios: dict, workload: dict,
-               rate: float | None = None) -> dict | None:
-    """Does paged/Max throughput land in the vLLM paper's 2-4x, and why (or why not)?
-
-    Paging turns memory into concurrency; concurrency turns into tokens/s only while a step costs about
-    the same whatever its batch, i.e. while it is memory-bound on reading the weights. Compute-bound
-    steps (prefill, or a CPU) and KV-dominated traffic (big batches of long sequences) grow with the
-    batch, so the extra sequences are not free. With Poisson arrivals, throughput is capped by the
-    offered load; the paper's gain is the highest rate each system sustains at a bounded normalized
-    latency, so the verdict then also compares normalized latency.
-    """
-    if "paged/max" not in ratios:
-        return None
-    low, high = PAPER_BAND
-    throughput = ratios["paged/max"]["output_tokens_per_s"]
-    static, paged = runs["max"], runs["paged"]
-    # Sequences held while requests queue; a paged run that never queued is compared on its plain mean.
-    concurrency = ratios["paged/max"]["concurrent_mean_saturated" if paged["saturated_fraction"] else
-                                      "concurrent_mean"]
-    all_at_once = rate is None
-    verdict = {"paged/max_output_tokens_per_s": throughput, "band": list(PAPER_BAND),
-               "in_band": throughput is not None and low <= throughput <= high,
-               "paged/max_concurrency": concurrency,
-               "concurrency_basis": ("concurrent_mean_saturated" if paged["saturated_fraction"] else
-                                     "concurrent_mean (the paged run never queued)"),
-               "max_concurrent_mean_saturated": static["concurrent_mean_saturated"],
-               "max_saturated_fraction": static["saturated_fraction"]}
-    reasons = []
-    if not all_at_once:
-        offered = rate * workload["output_mean"]
-        verdict["offered_output_tokens_per_s"] = round(offered, 2)
-        verdict["max/paged_normalized_latency"] = ratio(static["normalized_latency_s_per_token"],
-                                                        paged["normalized_latency_s_per_token"])
-        kept_up = [name for name, run in (("paged", paged), ("Max", static))
-                   if run["output_tokens_per_s"] >= 0.8 * offered]
-        if kept_up:
-            reasons.append(f"{' and '.join(kept_up)} kept up with the offered load ({rate:g} req/s x "
-                           f"{workload['output_mean']:g} output tokens = {offered:.0f} tokens/s), so "
-                           "tokens/s measures the load, not the capacity")
-        reasons.append(f"normalized latency (the paper's metric at a fixed rate) is "
-                       f"{verdict['max/paged_normalized_latency']}x lower paged than Max")
-    if not setup.simulated:
-        where = "in" if verdict["in_band"] else "outside"
-        verdict["why"] = (f"{throughput}x is {where} the band, but the band is a GPU figure: this run is "
-                          f"measured on {setup.device.upper()}"
-                          + (", where every step is compute-bound and padded, so paging's "
-                             f"{concurrency}x concurrency does not become tokens/s"
-                             if setup.device == "cpu" else "") + "".join(f"; {r}" for r in reasons))
-        return verdict
-    for name, run in (("max", static), ("paged", paged)):
-        verdict[f"{name}_compute_bound_fraction"] = run["compute_bound_fraction"]
-        verdict[f"{name}_kv_share_of_bytes"] = run["kv_share_of_bytes"]
-    if not paged["saturated_fraction"]:
-        reasons.append(f"the paged run never queued a request (it held up to {paged['concurrent_peak']} "
-                       f"sequences, {concurrency}x Max's mean)")
-    elif concurrency is not None and concurrency < low:
-        reasons.append(f"paging holds only {concurrency}x as many sequences as Max slots (Max already fits "
-                       f"{static['concurrent_mean_saturated']:g} at a time in {setup.budget / 1e9:.1f} GB "
-                       f"of KV at {setup.bytes_per_token / 1024:g} KiB/token), so there is little "
-                       "concurrency to gain")
-    elif concurrency is not None and concurrency > high:
-        reasons.append(f"paging holds {concurrency}x as many sequences as Max slots: the Max reservation "
-                       "wastes more than the paper's workloads did")
-    else:
-        reasons.append(f"paging holds {concurrency}x as many sequences as Max slots")
-    compute = static["compute_bound_fraction"]
-    if compute >= 0.25:
-        reasons.append(f"{compute:.0%} of the Max run's modelled time is compute-bound (prefill"
-                       f"{', every prompt arriving at t=0' if all_at_once else ''}), where a step costs in "
-                       "proportion to its tokens and a bigger batch buys nothing")
-    kv_share = paged["kv_share_of_bytes"]
-    if kv_share >= 0.5:
-        reasons.append(f"{kv_share:.0%} of the paged run's HBM bytes are KV reads, which grow with the "
-                       "batch: only the weight reads are shared by extra sequences")
-    elif compute < 0.25:
-        reasons.append(f"steps are mostly memory-bound on the weights ({1 - kv_share:.0%} of the paged run's "
-                       "bytes), so extra sequences ride along almost free")
-    preempted = paged["preemptions_recompute"] + paged["preemptions_swap"]
-    if preempted and paged["compute_bound_fraction"] + paged["swapping_fraction"] > compute + 0.03:
-        reasons.append(f"the paged run preempted {preempted} times (recompute "
-                       f"{paged['preemptions_recompute']}, swap {paged['preemptions_swap']}): with replayed "
-                       "prefills, swaps and bigger batches, "
-                       f"{paged['compute_bound_fraction'] + paged['swapping_fraction']:.0%} of its time is "
-                       f"compute-bound or swapping, against {compute:.0%} for Max")
-    if static["saturated_fraction"] < 0.5:
-        reasons.append(f"the Max run had a queue in only {static['saturated_fraction']:.0%} of its steps: "
-                       "memory rarely bound")
-    if 0 < paged["saturated_fraction"] < 0.25:
-        reasons.append(f"the paged run had a queue in only {paged['saturated_fraction']:.0%} of its steps "
-                       f"(peak {paged['concurrent_peak']} sequences): its pool rarely filled, so more "
-                       "requests would raise its concurrency")
-    below = throughput is not None and throughput < low
-    where = "in" if verdict["in_band"] else ("below" if below else "above")
-    verdict["why"] = f"{throughput}x is {where} the paper's {low:g}-{high:g}x: " + "; ".join(reasons)
-    return verdict
 
 
 def predict(setup: Setup, args, workload, arrivals) -> dict:
@@ -512,37 +201,6 @@ def prefix(setup: Setup, args) -> dict:
             "ratios": {"prompt_tokens_computed on/off": ratio(on["prompt_tokens_computed"],
                                                               off["prompt_tokens_computed"]),
                        "ttft_mean on/off": ratio(on["ttft_mean_s"], off["ttft_mean_s"])}}
-
-
-def summary_lines(result: dict) -> list[str]:
-    """The human summary (stderr): what was run, one line per policy, the ratios and the verdict."""
-    lines = [result["label"]]
-    workload = result["workload"]
-    if result["mode"] == "capacity":
-        lines.append(f"workload {workload['name']}: {workload['requests']} requests, mean prompt "
-                     f"{workload['prompt_mean']:g}, mean output {workload['output_mean']:g} tokens, "
-                     f"arrivals {workload['arrivals']}")
-    for kind, run in result["runs"].items():
-        lines.append(f"  {kind:10s} tokens/s {run['output_tokens_per_s']:>10g}  concurrent mean "
-                     f"{run['concurrent_mean_saturated']:>7g} (peak {run['concurrent_peak']})  ttft "
-                     f"{run['ttft_mean_s']}s  latency/token {run['normalized_latency_s_per_token']}s  "
-                     f"preempted {run['preemptions_recompute'] + run['preemptions_swap']}")
-    for name, values in result["ratios"].items():
-        lines.append(f"  {name}: {values}")
-    band = result.get("paper_band")
-    if band:
-        lines.append(f"paper band ({'IN' if band['in_band'] else 'NOT in'} 2-4x): {band['why']}")
-    prediction = result.get("prediction")
-    if prediction:
-        if "skipped" in prediction:
-            lines.append(f"prediction: {prediction['skipped']}")
-        else:
-            lines.append(f"prediction for {prediction['card']} ({prediction['label']}):")
-            for kind, run in prediction["runs"].items():
-                measured = result["runs"][kind]["output_tokens_per_s"]
-                lines.append(f"  {kind:10s} measured {measured:g} tokens/s, predicted "
-                             f"{run['output_tokens_per_s']:g} (upper bound)")
-    return lines
 
 
 def main(args: argparse.Namespace) -> int:

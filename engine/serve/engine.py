@@ -9,6 +9,7 @@ A request for `n` samples is one sequence until its prompt is prefilled, then fo
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
 from typing import Iterable
@@ -89,14 +90,17 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self.metrics = Metrics()
         self.now = 0.0                                 # engine clock: the sum of step durations
+        self.upcoming: list[tuple[float, int, Sequence]] = []  # heap of requests not yet arrived
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, prompt: list[int], params: SamplingParams | None = None, seed: int | None = None,
-                    n: int = 1, request_id: int | None = None) -> Request:
+                    n: int = 1, request_id: int | None = None, arrival: float | None = None) -> Request:
         """Queue a request; sample i draws with seed + i (seed defaults to params.seed, else 0).
 
+        With `arrival` (engine-clock seconds) the request joins the queue only once the clock gets
+        there; an idle engine skips ahead to the next arrival. Latency counts from the arrival.
         Raises RequestTooLarge (and changes nothing) when the request could never fit the cache.
         """
         params = params or SamplingParams()
@@ -108,14 +112,26 @@ class Engine:
             check_prompt_ids(list(prompt), self.vocab_size, f"request {request_id}")
         self.scheduler.check_fits(request_id, len(prompt), params.max_tokens)
         seed = seed if seed is not None else (params.seed if params.seed is not None else 0)
-        request = Request(request_id, list(prompt), params, seed, n, arrival=self.now)
+        later = arrival is not None and arrival > self.now
+        request = Request(request_id, list(prompt), params, seed, n,
+                          arrival=self.now if arrival is None else arrival)
         self.requests[request_id] = request
         if params.max_tokens == 0:
             return request
         seq = Sequence(next(self._seq_ids), request, list(prompt), make_generator(seed))
         request.sequences.append(seq)
-        self.scheduler.add(seq)
+        if later:
+            heapq.heappush(self.upcoming, (arrival, seq.seq_id, seq))
+        else:
+            self.scheduler.add(seq)
         return request
+
+    def _arrive(self) -> None:
+        """Queue the requests whose arrival time has come; when idle, jump the clock to the next one."""
+        if self.upcoming and not self.scheduler.has_work():
+            self.now = max(self.now, self.upcoming[0][0])
+        while self.upcoming and self.upcoming[0][0] <= self.now:
+            self.scheduler.add(heapq.heappop(self.upcoming)[2])
 
     def abort(self, request_id: int) -> None:
         """Stop a request wherever it is; its blocks are freed at once."""
@@ -123,17 +139,21 @@ class Engine:
             known = sorted(self.requests)
             listed = ", ".join(map(str, known[:10])) + (", ..." if len(known) > 10 else "")
             raise UnknownRequest(f"abort: no request {request_id} (known ids: {listed or 'none'})")
+        # not arrived yet: it never reaches the scheduler
+        self.upcoming = [entry for entry in self.upcoming if entry[2].request.request_id != request_id]
+        heapq.heapify(self.upcoming)
         for seq in self.requests[request_id].sequences:
             if seq.status is not Status.FINISHED:
                 self.scheduler.finish(seq, "aborted")
 
     def has_unfinished(self) -> bool:
-        """True while some sequence still waits, runs, or sits swapped."""
-        return self.scheduler.has_work()
+        """True while some sequence still waits, runs, sits swapped, or has yet to arrive."""
+        return bool(self.upcoming) or self.scheduler.has_work()
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """Schedule, run one forward, sample, retire. Returns the sequences that finished."""
+        self._arrive()
         started = time.perf_counter()
         chunks = self.scheduler.schedule()
         if not chunks:
