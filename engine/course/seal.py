@@ -111,13 +111,19 @@ def _guarded(name: str) -> bool:
     return any(name == g or name.startswith(g + ".") for g in GUARDED)
 
 
+def _learner_made(code, libraries) -> bool:
+    """Code compiled from a learner cell, or from a file the learner wrote (not "<string>": the standard
+    library makes those too, e.g. dataclass methods)."""
+    name = code.co_filename
+    return name.startswith(LEARNER_PREFIX) or (not name.startswith("<") and kind_of(name, libraries) == "learner")
+
+
 def _is_learner_object(value, libraries) -> bool:
     """A function or class made by learner code."""
-    code = getattr(value, "__code__", None) if isinstance(value, types.FunctionType) else None
-    if code is not None:
-        return kind_of(code.co_filename, libraries) == "learner"
+    if isinstance(value, types.FunctionType):
+        return _learner_made(value.__code__, libraries)
     if isinstance(value, type):
-        return any(isinstance(v, types.FunctionType) and kind_of(v.__code__.co_filename, libraries) == "learner"
+        return any(isinstance(v, types.FunctionType) and _learner_made(v.__code__, libraries)
                    for v in list(vars(value).values()))
     return False
 

@@ -1,0 +1,64 @@
+"""Scores learner code cannot forge, and exercises that must be the learner's own code (make grade).
+
+Each case (tests/fixtures/sealed_cases.py) is graded as the learner's `make grade` does, in the sealed
+worker; a cheat earns exactly the honest score of what it leaves (0 here), whatever it does to the
+checks, torch, the builtins, sys.modules, the interpreter or the grader's channel. The same cases go
+through nbgrader's autograde in tests/test_grade_sandbox.py.
+"""
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from engine.course.grade import grade_notebook
+from fixtures.course_support import BUILD, SEALED_CHAPTER, once_per_run, write_notebook
+from fixtures.sealed_cases import CASES, OWN, SLOT
+
+pytestmark = [pytest.mark.slow]
+TIMEOUT_S = 30
+
+
+def grade_all() -> dict:
+    """{case: {"earned": {test: points}, "messages": {test: message}, "flags": [...]}} for every case."""
+    def one(name):
+        make, _, _ = CASES[name]
+        path = write_notebook(make(), BUILD / "tamper" / name, SEALED_CHAPTER.stem)
+        result = grade_notebook(path, SEALED_CHAPTER, TIMEOUT_S)
+        return name, {"earned": {e.grade_id: e.earned for e in result.exercises if e.kind == "test"},
+                      "messages": {e.grade_id: e.message for e in result.exercises}, "flags": result.flags}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, CASES))
+
+
+@pytest.fixture(scope="module")
+def graded():
+    return once_per_run("tamper-grade", grade_all)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_case_earns_exactly_its_honest_score(graded, case):
+    _, expected, words = CASES[case]
+    got = graded[case]
+    assert got["earned"] == expected, got["messages"]
+    for word in words:
+        assert any(word in message for message in got["messages"].values()), got["messages"]
+
+
+def test_the_reference_in_place_of_the_learners_code_says_why(graded):
+    messages = graded["own_imported"]["messages"]
+    assert "physical_slot is engine.cache.slots.physical_slot" in messages[SLOT] and OWN in messages[SLOT]
+    assert "BlockAllocator.allocate is engine.cache.allocator.BlockAllocator.allocate" in messages[
+        "ch98_test_allocator"]
+    assert "called the engine's reference or the checks' own helpers" in graded["own_delegating"]["messages"][
+        "ch98_test_shared_blocks"]
+
+
+def test_a_verbatim_copy_of_the_reference_is_flagged_not_zeroed(graded):
+    flags = " ".join(graded["honest_solution"]["flags"])
+    assert "ch98_allocator: the taught code is the reference source verbatim" in flags
+    assert not any("verbatim" in flag for flag in graded["honest_own_subclass"]["flags"])
+
+
+def test_tampering_and_probing_are_flagged_for_the_instructor(graded):
+    assert any("put back" in f or "changed during the test" in f for f in graded["cheat_noop_checks"]["flags"])
+    assert any("refused" in f and "garbage collector" in f for f in graded["cheat_gc_key_hunt"]["flags"])
+    assert any("refused" in f and "tracing hook" in f for f in graded["cheat_settrace"]["flags"])
