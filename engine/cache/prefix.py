@@ -75,38 +75,42 @@ class PrefixCache:
 
     # ---- the key of a block (chapter 5, exercise 1) ----
 
-    def chain(self, tokens: Sequence[int], salt: Hashable = None, extra_keys: tuple = ()) -> Iterator[tuple]:
-        """Yield (key, parent key, token ids, extra keys) for each full block of tokens, in order."""
+    def chain(self, tokens: Sequence[int], salt: Hashable = None,
+              extra_keys: tuple = ()) -> Iterator[tuple]:
+        """Yield (key, parent key, token ids, extra keys) for each full block."""
         size, parent = self.cache.block_size, None
-        for start in range(0, len(tokens) - size + 1, size):      # full blocks only
+        for start in range(0, len(tokens) - size + 1, size):     # full blocks only
             block_tokens = tuple(tokens[start:start + size])
-            extra = ((salt,) if start == 0 else ()) + tuple(extra_keys)  # the salt seeds the chain
+            # The salt goes into the first block: every later key is chained on it.
+            extra = ((salt,) if start == 0 else ()) + tuple(extra_keys)
             key = self.hash_fn(parent, block_tokens, extra)
             yield key, parent, block_tokens, extra
             parent = key
 
     @staticmethod
     def matches(entry: Entry, parent: int | None, tokens: tuple, extra: tuple) -> bool:
-        """Whether an entry found under a key really is this block: equal keys may still collide."""
-        return entry.parent == parent and entry.tokens == tokens and entry.extra == extra
+        """Whether the entry found under a key really is this block (keys collide)."""
+        same = entry.parent == parent and entry.tokens == tokens
+        return same and entry.extra == extra
 
     # ---- a request arrives (exercise 2) ----
 
-    def attach(self, seq: int, prompt: Sequence[int], salt: Hashable = None, extra_keys: tuple = ()) -> int:
-        """Create seq on the longest cached prefix of prompt; return the tokens reused (prefill the rest)."""
+    def attach(self, seq: int, prompt: Sequence[int], salt: Hashable = None,
+               extra_keys: tuple = ()) -> int:
+        """Create seq on the longest cached prefix of prompt; return tokens reused."""
         if not prompt:
             raise ValueError(f"sequence {seq}: an empty prompt has nothing to attach")
         blocks = []
         for key, parent, tokens, extra in self.chain(prompt, salt, extra_keys):
             entry = self.entries.get(key)
             if entry is None or not self.matches(entry, parent, tokens, extra):
-                break                                 # the first miss ends the prefix
+                break                               # the first miss ends the prefix
             blocks.append(entry.block)
         self.cache.create(seq)
-        self.cache.share_blocks(seq, blocks)          # one more owner each: no eviction can take them now
-        # Leave at least one prompt token to prefill: its logits choose the first new token. When the
-        # whole prompt is cached (block-aligned), the last block stays shared but only partly counted;
-        # the next reserve() copies it before the last token is written (copy-on-write).
+        self.cache.share_blocks(seq, blocks)        # one more owner each: kept now
+        # Leave one prompt token to prefill: its logits choose the first new token.
+        # If the whole prompt is cached (block-aligned), the last block is shared but
+        # not wholly counted; reserve() copies it before the last token is written.
         reused = min(len(blocks) * self.cache.block_size, len(prompt) - 1)
         self.cache.set_length(seq, reused)
         self.queries += 1
@@ -115,7 +119,7 @@ class PrefixCache:
         return reused
 
     def detach(self, seq: int) -> None:
-        """Undo attach(seq) before any prefill (the scheduler could not admit it): free seq, uncount it."""
+        """Undo attach(seq) before any prefill: free seq, take back its counts."""
         reused = self.cache.length(seq)
         self.cache.free(seq)
         self.queries -= 1
@@ -124,45 +128,48 @@ class PrefixCache:
 
     # ---- after prefill (exercise 3) ----
 
-    def remember(self, seq: int, tokens: Sequence[int], salt: Hashable = None, extra_keys: tuple = ()) -> int:
-        """After prefill, publish seq's full, computed blocks for later requests; return how many are new."""
+    def remember(self, seq: int, tokens: Sequence[int], salt: Hashable = None,
+                 extra_keys: tuple = ()) -> int:
+        """Publish seq's full, computed blocks; return how many are new."""
         table, published = self.cache.tables[seq], 0
-        computed = tokens[:self.cache.length(seq)]     # only blocks whose KV has been written
-        for index, (key, parent, block_tokens, extra) in enumerate(self.chain(computed, salt, extra_keys)):
+        computed = tokens[:self.cache.length(seq)]  # only blocks whose K/V is written
+        for index, item in enumerate(self.chain(computed, salt, extra_keys)):
+            key, parent, block_tokens, extra = item
             entry = self.entries.get(key)
             if entry is None:
-                if table[index] in self.block_keys:    # already published under another key: stop here
+                if table[index] in self.block_keys:  # published under another key: stop
                     break
                 self.publish(table[index], key, parent, block_tokens, extra)
                 published += 1
             elif not self.matches(entry, parent, block_tokens, extra):
-                break                                  # a hash collision: blocks after it cannot be keyed
+                break                                # a collision: stop the chain
         return published
 
     # ---- when the pool runs low (exercise 4) ----
 
     def evictable(self, entry: Entry) -> bool:
-        """Whether evict() may take entry: a leaf (no cached block continues it) that only the cache holds."""
+        """Whether evict() may take entry: a leaf that only the cache holds."""
         return entry.children == 0 and self.cache.allocator.refcount(entry.block) == 1
 
     def evict(self, blocks_wanted: int) -> int:
-        """Release evictable cached blocks, least recently used first, until blocks_wanted are free."""
+        """Release evictable blocks, front of the line first, until enough are free."""
         freed = 0
         while self.cache.allocator.num_free < blocks_wanted and self.lru:
-            _, entry = self.lru.popitem(last=False)    # the head of the line: O(1), no scan
+            _, entry = self.lru.popitem(last=False)  # the front of the line: O(1)
             self.forget(entry)
             freed += 1
         return freed
 
     def forget(self, entry: Entry) -> None:
-        """Remove an entry and release its block; its parent, if now a leaf, is next in line."""
+        """Remove an entry, release its block; a parent left childless goes next."""
         self.lru.pop(entry.key, None)
-        del self.entries[entry.key], self.block_keys[entry.block]   # no old key may reach a reused block
+        # Forget the key before the block can be handed out again.
+        del self.entries[entry.key], self.block_keys[entry.block]
         if entry.parent is not None:
             parent = self.entries[entry.parent]
             parent.children -= 1
             self.refresh(parent, front=True)
-        self.cache.allocator.release(entry.block)
+        self.cache.allocator.release(entry.block)  # the cache's own reference
 
     # ---- bookkeeping the exercises rely on ----
 

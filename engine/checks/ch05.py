@@ -1,0 +1,507 @@
+"""Chapter 5's checks: a prefix cache that keys each block by its whole history, reuses the longest
+cached chain, publishes only full computed blocks and evicts least recently used leaves nobody holds.
+
+The learner writes four small pieces, each a subclass of the engine's PrefixCache that defines only
+its methods: the keys (`chain`, `matches`), `attach` and `detach`, `remember`, and eviction
+(`evictable`, `evict`, `forget`). Each check takes the class of one piece (every other method is the
+engine's), so a piece can pass while the others are unfinished. The last check puts the four pieces
+together and serves requests through the engine's scheduler and paged cache, comparing every logit
+with a from-scratch run.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from engine.cache.paged import PagedKVCache
+from engine.cache.prefix import Entry
+from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.demos.prefix import run as run_prefix_demo
+from engine.generate import cached_step, scratch_logits
+from engine.sampling import SamplingParams
+from engine.seeded import seeded_tokens
+from engine.serve.engine import Engine
+
+BS = 4      # the checks' block size: small, so every case is a few blocks of a tiny model
+
+OWN_TOKENS = ("a key made from the block's own tokens")
+LOUD = (f"{OWN_TOKENS}, with no parent to check on lookup: two requests with the same block text "
+        "after different histories share a block whose K/V was computed for the other history")
+QUIET = (f"{OWN_TOKENS} (the quiet form: the parent is still checked on lookup, so nothing wrong is "
+         "shared, but X after A and X after B want the same entry, and one of them stops hitting). "
+         "Hash the parent's key into the key")
+SALT = ("the salt is ignored: requests of different tenants must never share a block, so the salt "
+        "must change the key of the first block, and through the chain every key after it")
+PARTIAL = ("a partial block got a key: only full blocks are cached, since a block that is not full "
+           "will still be written, and its last tokens are not known yet")
+NO_PREFILL = ("a fully cached, block-aligned prompt was left with nothing to prefill: the last "
+              "prompt token must always run through the model, because its logits choose the first "
+              "new token. Reuse at most len(prompt) - 1 tokens")
+UNDONE = ("a hit counted for an admission that was then undone: detach() must take back the query, "
+          "the hit and the tokens that attach() counted")
+IN_USE = ("a block in use was evicted: a block that a sequence still holds (refcount above 1) must "
+          "never be evicted")
+PARENT_FIRST = ("a parent was evicted before its leaf: an entry with cached children continues a "
+                "chain and must stay until its children are gone")
+NOT_LRU = ("eviction is not least recently used first: the line `self.lru` has the next victim at "
+           "its front; popitem(last=False) takes it")
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+def _cache(num_blocks: int = 32, block_size: int = BS):
+    return PagedKVCache(tiny().config, num_blocks, block_size=block_size, dtype=torch.float32)
+
+
+def _serve(prefix, seq: int, prompt: list[int], salt=None) -> tuple[int, float]:
+    """attach, prefill the rest, remember; return (tokens reused, worst gap to a cold prefill)."""
+    reused = prefix.attach(seq, prompt, salt=salt)
+    got = cached_step(tiny(), prefix.cache, [seq], [prompt[reused:]])[0]
+    prefix.remember(seq, prompt, salt=salt)
+    cold = scratch_logits(tiny(), [prompt])[0][reused:]
+    return reused, float((got - cold).abs().max())
+
+
+def _engine_key(prefix, parent, tokens, extra) -> int:
+    return prefix.hash_fn(parent, tuple(tokens), tuple(extra))
+
+
+def combine(keys, attach, remember, evict):
+    """One PrefixCache class from the four pieces (each a subclass of the engine's that defines only
+    its own methods): the chapter's last check serves requests through it."""
+    parts = list(dict.fromkeys((evict, remember, attach, keys)))     # a class given twice counts once
+    bases = tuple(p for p in parts if not any(o is not p and issubclass(o, p) for o in parts))
+    return type("YourPrefixCache", bases, {})
+
+
+# ---- exercise 5.1: the key of a block ----------------------------------------------------------------
+
+def _diagnose_keys(cls) -> str | None:
+    """Name the way a chain's keys go wrong, or None when they do not (computed without the model)."""
+    prefix = cls(_cache())
+    a, b, x = seeded_tokens(BS, 1), seeded_tokens(BS, 2), seeded_tokens(BS, 3)
+    after_a, after_b = list(prefix.chain(a + x)), list(prefix.chain(b + x))
+    if len(after_a) == 2 and len(after_b) == 2 and after_a[1][0] == after_b[1][0]:
+        return LOUD if after_a[1][1] == after_b[1][1] else QUIET
+    first_a = list(prefix.chain(a + x, salt="tenant-a"))
+    first_b = list(prefix.chain(a + x, salt="tenant-b"))
+    if [k for k, *_ in first_a] == [k for k, *_ in first_b] or first_a[0][3] == first_b[0][3]:
+        return SALT
+    return None
+
+
+@check
+def check_chain(cls) -> None:
+    """chain(tokens, salt, extra_keys) yields (key, parent key, token ids, extra keys) for each full
+    block, in order: key = self.hash_fn(parent key, token ids, extra), the salt in the first block's
+    extra, so every key depends on the whole history and the tenant."""
+    for length in (2 * BS + 3, 3 * BS, BS - 1, 1):
+        tokens = seeded_tokens(length, seed=4)
+        prefix = cls(_cache())
+        got = list(prefix.chain(tokens))
+        full = length // BS
+        if len(got) != full:
+            hint = PARTIAL if len(got) == -(-length // BS) else "one tuple per full block of tokens"
+            fail(f"chain() of a {length}-token prompt in blocks of {BS}: tuples yielded", full, len(got), hint)
+        parent = None
+        for index, item in enumerate(got):
+            if len(item) != 4:
+                fail(f"chain(): item {index} should be (key, parent, tokens, extra)", 4, len(item),
+                     "yield a 4-tuple per block")
+            key, item_parent, block_tokens, extra = item
+            expect_equal(tuple(block_tokens), tuple(tokens[index * BS:(index + 1) * BS]),
+                         f"chain() of a {length}-token prompt: the token ids of block {index}",
+                         f"block {index} holds tokens [{index * BS}, {(index + 1) * BS})")
+            if item_parent != parent:
+                loud = item_parent is None and key == _engine_key(prefix, None, block_tokens, extra)
+                fail(f"chain(): the parent key of block {index}", parent, item_parent, LOUD if loud else
+                     "the first block has no parent (None); block i's parent is block i-1's key")
+            want = _engine_key(prefix, parent, block_tokens, extra)
+            if key != want:
+                if key == _engine_key(prefix, None, block_tokens, extra) and index > 0:
+                    fail(f"chain(): the key of block {index}", want, key, QUIET)
+                fail(f"chain(): the key of block {index}", want, key,
+                     "key = self.hash_fn(parent key, the block's token ids, its extra keys)")
+            parent = key
+    why = _diagnose_keys(cls)
+    if why:
+        fail("chain() of A + X and of B + X (X the same block text after different blocks A and B), "
+             "or of one prompt under two salts", hint=why)
+    collide = cls(_cache(), hash_fn=lambda parent, tokens, extra: 7)
+    keys = [k for k, *_ in collide.chain(seeded_tokens(2 * BS, 5))]
+    expect_equal(keys, [7, 7], "chain() with hash_fn always returning 7: the keys",
+                 "compute each key with self.hash_fn, so a cache can be built with another hash")
+    extra = [e for *_, e in cls(_cache()).chain(seeded_tokens(2 * BS, 6), salt="t", extra_keys=("lora",))]
+    if not all("lora" in e for e in extra):
+        fail("chain(..., extra_keys=('lora',)): the extra keys of each block", "'lora' in every block's extra",
+             extra, "extra keys (an adapter id, say) change every block's K/V: put them in every block")
+    # Served: both histories keep hitting (the engine's attach and remember use this chain).
+    prefix = cls(_cache())
+    a, b, x = seeded_tokens(BS, 7), seeded_tokens(BS, 8), seeded_tokens(BS, 9)
+    reused = []
+    for seq, prompt in enumerate([a + x + [1], b + x + [2], a + x + [3], b + x + [4]]):
+        got, gap = _serve(prefix, seq, prompt)
+        if gap > ATOL:
+            fail(f"serving {['A+X', 'B+X', 'A+X', 'B+X'][seq]}: the logits differ from a cold prefill "
+                 f"(max |Δ| {gap:.3g})", hint=LOUD)
+        reused.append(got)
+        prefix.cache.free(seq)
+    expect_equal(reused[2:], [2 * BS, 2 * BS], "serving A+X, B+X, then A+X and B+X again: tokens the last "
+                 "two reuse", QUIET)
+    passed(f"chain: one key per full block, chained on the parent's key and the salt; A+X and B+X "
+           f"each keep reusing all {2 * BS} tokens of their two full blocks")
+
+
+@check
+def check_matches(cls) -> None:
+    """matches(entry, parent, tokens, extra) is True only when the entry was computed from exactly this
+    parent, these tokens and these extra keys: equal keys may still collide."""
+    entry = Entry(key=7, block=3, parent=11, tokens=(1, 2, 3, 4), extra=("t",))
+    cases = [((11, (1, 2, 3, 4), ("t",)), True, "the very block it was computed for"),
+             ((12, (1, 2, 3, 4), ("t",)), False, "the parent key must match too"),
+             ((None, (1, 2, 3, 4), ("t",)), False, "the parent key must match too"),
+             ((11, (1, 2, 3, 5), ("t",)), False, "compare the token ids: equal keys may collide"),
+             ((11, (1, 2, 3, 4), ("u",)), False, "compare the extra keys: " + SALT)]
+    for (parent, tokens, extra), want, hint in cases:
+        got = cls.matches(entry, parent, tokens, extra)
+        if bool(got) != want:
+            fail(f"matches(entry computed from parent 11, tokens (1, 2, 3, 4), extra ('t',)) against "
+                 f"parent {parent}, tokens {tokens}, extra {extra}", want, got, hint)
+    # Served with a hash under which every block collides: a lookup must verify, not trust the key.
+    prefix = cls(_cache(), hash_fn=lambda parent, tokens, extra: 0)
+    first, other = seeded_tokens(2 * BS + 1, 10), seeded_tokens(2 * BS + 1, 11)
+    _serve(prefix, 0, first)
+    reused, gap = _serve(prefix, 1, other)
+    if reused or gap > ATOL:
+        fail("with a hash under which every block collides, a different prompt reused tokens",
+             0, reused, "a lookup must verify the parent, tokens and extra keys of what it finds")
+    passed("matches: a hit needs the same parent, tokens and extra keys; colliding keys are misses")
+
+
+# ---- exercise 5.2: attach and detach --------------------------------------------------------------------
+
+@check
+def check_attach(cls) -> None:
+    """attach(seq, prompt) creates seq on the longest chain of cached full blocks, shares them, sets
+    its length, always leaves one prompt token to prefill, and counts the lookup; detach undoes it."""
+    prefix = cls(_cache())
+    cache = prefix.cache
+    shared = seeded_tokens(2 * BS, 12)
+    expect_equal(prefix.attach(0, shared + [1]), 0, "attach to an empty cache: tokens reused",
+                 "nothing is cached yet")
+    expect_equal(cache.tables.get(0), [], "attach(0, ...) to an empty cache: sequence 0's table",
+                 "attach creates the sequence (cache.create) even when nothing is reused")
+    cached_step(tiny(), cache, [0], [shared + [1]])
+    prefix.remember(0, shared + [1])
+    blocks = cache.tables[0][:2]
+    for seq, prompt, want, what in ((1, shared + [2, 3], 2 * BS, "two cached blocks and a tail"),
+                                    (2, shared[:BS] + [9] * BS + [4], BS, "a miss in the second block"),
+                                    (3, shared[:BS - 1], 0, "shorter than one block")):
+        got = prefix.attach(seq, prompt)
+        if got != want:
+            fail(f"attach of a prompt with {what}: tokens reused", want, got,
+                 "walk the chain block by block; the first miss ends the prefix" if got > want else
+                 "share every cached full block up to the first miss")
+        expect_equal(cache.length(seq), want, f"after attach of a prompt with {what}: cache.length({seq})",
+                     "set the sequence's length to the tokens reused (cache.set_length)")
+        expect_equal(cache.tables[seq], blocks[:want // BS], f"after attach of a prompt with {what}: "
+                     f"sequence {seq}'s table", "the table holds the cached blocks, in order")
+    refs = [cache.allocator.refcount(b) for b in blocks]
+    expect_equal(refs, [4, 3], f"after three attaches, the refcounts of the cached blocks {blocks}",
+                 "each hit adds an owner (cache.share_blocks): sequence 0, the cache, and each sequence "
+                 "that attached to the block. A hit without a reference could be evicted under it")
+    got = prefix.attach(4, shared)                      # exactly the cached blocks: block-aligned
+    if got != 2 * BS - 1:
+        fail(f"attach of a {2 * BS}-token prompt whose {2} blocks are both cached: tokens reused",
+             2 * BS - 1, got, NO_PREFILL if got == 2 * BS else "reuse all but the last prompt token")
+    expect_equal(cache.tables[4], blocks, "after attach of a fully cached prompt: its table",
+                 "both blocks are attached; the last is copied on write when its last token is prefilled")
+    want = {"queries": 5, "hits": 3, "tokens_saved": 3 * BS + 2 * BS - 1}
+    got = {k: prefix.stats()[k] for k in want}
+    expect_equal(got, want, "stats() after attaching 5 prompts (3 of them hits)",
+                 "count every attach as a query, one that reused tokens as a hit, and the tokens reused")
+    # detach: the scheduler undoes an admission that does not fit.
+    before = (prefix.stats(), [cache.allocator.refcount(b) for b in blocks], cache.allocator.num_free)
+    prefix.attach(5, shared + [7])
+    prefix.detach(5)
+    if 5 in cache.tables:
+        fail("after attach(5, ...) then detach(5), sequence 5 still exists", hint="detach frees the sequence")
+    after = (prefix.stats(), [cache.allocator.refcount(b) for b in blocks], cache.allocator.num_free)
+    if after[1:] != before[1:]:
+        fail("attach then detach changed the refcounts or free blocks", before[1:], after[1:],
+             "detach must give back every reference attach took (free the sequence)")
+    expect_equal(after[0], before[0], "stats() after an attach that detach undid", UNDONE)
+    _check_undone_admissions(cls)
+    passed("attach: the longest cached chain, shared; one prompt token always left to prefill; "
+           "detach undoes an admission and its count, in the scheduler too")
+
+
+def _check_undone_admissions(cls) -> None:
+    """Through the engine's scheduler: a request that hits but cannot fit is attached and undone,
+    step after step; only the admission that stands may count."""
+    cache = PagedKVCache(tiny().config, 11, block_size=BS)
+    engine = Engine(tiny(), cache, prefix_caching=False)
+    prefix = engine.scheduler.prefix = cls(cache)
+    shared = seeded_tokens(2 * BS, 13)
+    engine.generate([shared + [1]], SamplingParams(max_tokens=1))
+    engine.add_request(seeded_tokens(5 * BS, 14), SamplingParams(max_tokens=3 * BS))
+    engine.add_request(shared + seeded_tokens(3 * BS, 15), SamplingParams(max_tokens=1))
+    engine.run(progress=False)
+    expect_equal(prefix.stats()["queries"], engine.scheduler.prefix_stats["queries"],
+                 "served through the scheduler, where a third request that hits the cache is attached "
+                 "and undone while the pool is full: stats()['queries'] against the requests admitted",
+                 UNDONE)
+
+
+# ---- exercise 5.3: remember ------------------------------------------------------------------------------
+
+@check
+def check_remember(cls) -> None:
+    """remember(seq, tokens) publishes seq's full blocks whose K/V was computed, each once, with the
+    cache's own reference (self.publish), and returns how many it published."""
+    prefix = cls(_cache())
+    cache = prefix.cache
+    prompt = seeded_tokens(2 * BS + 1, 16)
+    prefix.attach(0, prompt)
+    cached_step(tiny(), cache, [0], [prompt])
+    got = prefix.remember(0, prompt)
+    table = cache.tables[0]
+    if table[2] in prefix.block_keys:
+        fail(f"remember of a {2 * BS + 1}-token sequence published its partial third block", hint=PARTIAL)
+    expect_equal(got, 2, f"remember of a {2 * BS + 1}-token prefilled sequence: blocks published",
+                 "publish each full block of the computed tokens")
+    expect_equal(sorted(prefix.block_keys), sorted(table[:2]), "the blocks published",
+                 "publish table[i] for block i of the chain")
+    expect_equal([cache.allocator.refcount(b) for b in table[:2]], [2, 2], "refcounts of the published blocks",
+                 "self.publish adds the cache's own reference: the sequence and the cache")
+    expect_equal(prefix.remember(0, prompt), 0, "remember of the same sequence again: blocks published",
+                 "a block already cached under its key is not published again")
+    # Chunked prefill: only what has been computed.
+    long = seeded_tokens(3 * BS, 17)
+    prefix.attach(1, long)
+    cached_step(tiny(), cache, [1], [long[:BS + 1]])
+    got = prefix.remember(1, long)
+    expect_equal(got, 1, f"remember after a first prefill chunk of {BS + 1} of {3 * BS} tokens: blocks "
+                 "published", "only blocks whose K/V has been computed: chain over "
+                 "tokens[:cache.length(seq)], not over the whole prompt")
+    cached_step(tiny(), cache, [1], [long[BS + 1:]])
+    expect_equal(prefix.remember(1, long), 2, "remember after the rest of the prompt: blocks published")
+    # The published blocks serve a later request, after their sequence is gone.
+    cache.free(0)
+    reused, gap = _serve(prefix, 2, prompt[:2 * BS] + [5, 6])
+    expect_equal(reused, 2 * BS, "after sequence 0 is freed, a request with its two full blocks: tokens "
+                 "reused", "the cache's own reference keeps a published block alive after its sequence")
+    if gap > ATOL:
+        fail(f"the request served from remembered blocks: max |Δ| {gap:.3g} against a cold prefill",
+             hint="publish each block under the key of the tokens it really holds")
+    # A hash under which every block collides: nothing may be overwritten.
+    collide = cls(_cache(), hash_fn=lambda parent, tokens, extra: 0)
+    _serve(collide, 0, seeded_tokens(2 * BS + 1, 18))
+    expect_equal(sorted(collide.block_keys), collide.cache.tables[0][:1], "with a hash under which every "
+                 "block collides: the blocks published by one remember", "a key taken by a different "
+                 "block is a collision: stop publishing there (self.matches tells), never overwrite it")
+    passed("remember: full computed blocks only, each published once with the cache's reference; "
+           "they outlive their sequence; collisions stop the chain")
+
+
+# ---- exercise 5.4: eviction ------------------------------------------------------------------------------
+
+def _eviction_setup(cls):
+    """Three prompts: p (chain e1 <- e2 <- e3), q (e1 <- f2), p again; every sequence still live."""
+    prefix = cls(_cache(32))
+    p = seeded_tokens(3 * BS + 1, 19)
+    q = p[:BS] + seeded_tokens(BS + 1, 20)
+    for seq, prompt in enumerate((p, q, p)):
+        _serve(prefix, seq, prompt)
+    e1, e2, e3 = prefix.cache.tables[0][:3]
+    f2 = prefix.cache.tables[1][1]
+    return prefix, (e1, e2, e3, f2)
+
+
+def _evict_one_by_one(prefix) -> list[int]:
+    order = []
+    for _ in range(len(prefix.entries) + 1):
+        before = {entry.block for entry in prefix.entries.values()}
+        freed = prefix.evict(prefix.cache.allocator.num_free + 1)
+        gone = before - {entry.block for entry in prefix.entries.values()}
+        if freed != len(gone):
+            fail("evict(): its return value against the entries that left the cache", len(gone), freed,
+                 "forget() must remove each evicted entry from self.entries" if freed > len(gone)
+                 else "return how many blocks were evicted")
+        if not gone:
+            break
+        order += sorted(gone)
+    return order
+
+
+@check
+def check_evict(cls) -> None:
+    """evict(blocks_wanted) releases evictable entries (leaves only the cache holds), least recently
+    released first, until blocks_wanted blocks are free; a parent whose last child goes is next."""
+    prefix, (e1, e2, e3, f2) = _eviction_setup(cls)
+    cache = prefix.cache
+    names = {e1: "e1", e2: "e2", e3: "e3", f2: "f2"}
+    for block, name in names.items():
+        if prefix.evictable(prefix.entries[prefix.block_keys[block]]):
+            fail(f"evictable({name}) while sequences still hold its block (refcount "
+                 f"{cache.allocator.refcount(block)})", False, True, IN_USE)
+    got = prefix.evict(cache.num_blocks)
+    if got:
+        taken = [names.get(b, b) for b in names if b not in prefix.block_keys]
+        fail("evict(all blocks) while every cached block is held by a sequence: blocks evicted", 0, got,
+             f"{IN_USE} (evicted: {taken})")
+    for seq in (0, 1):
+        cache.free(seq)                                # f2 is released first, then nothing else
+    expect_equal(prefix.evict(cache.allocator.num_free), 0, "evict(n) when n blocks are already free",
+                 "stop as soon as the pool has blocks_wanted free blocks")
+    cache.free(2)                                      # now e3 too; e1 and e2 still have children
+    if prefix.evictable(prefix.entries[prefix.block_keys[e2]]):
+        fail("evictable(e2) while its child e3 is still cached", False, True, PARENT_FIRST)
+    order = [names.get(b, b) for b in _evict_one_by_one(prefix)]
+    if order != ["f2", "e3", "e2", "e1"]:
+        hint = "evict one least recently released evictable entry at a time"
+        if order[:1] == ["e3"]:
+            hint = NOT_LRU + " (f2 was released first)"
+        elif order and order[0] in ("e1", "e2"):
+            hint = PARENT_FIRST
+        elif len(order) < 4:
+            hint = ("a parent whose last child was evicted must become evictable: forget() lowers the "
+                    "parent's children count and refreshes it (at the front of the line)")
+        fail("blocks evicted one by one after chains e1<-e2<-e3 and e1<-f2 were released (f2 first)",
+             ["f2", "e3", "e2", "e1"], order, hint)
+    expect_equal(cache.allocator.num_free, cache.num_blocks, "after evicting everything: free blocks",
+                 "forget() releases the cache's reference on the block")
+    if prefix.entries or prefix.block_keys or prefix.lru:
+        fail("after evicting everything, the cache still has entries", hint="forget() removes the entry "
+             "from entries, block_keys and the line, before its block can be handed out again")
+    # An evicted block that is reused must not be found under its old key.
+    prefix = cls(_cache(4))
+    cache = prefix.cache
+    old = seeded_tokens(BS + 1, 21)
+    _serve(prefix, 0, old)
+    cache.free(0)
+    expect_equal(prefix.evict(4), 1, "evict(4) on a pool of 4 with one cached block: blocks evicted")
+    cache.create(1)
+    cache.reserve(1, 4 * BS)
+    cached_step(tiny(), cache, [1], [seeded_tokens(4 * BS, 22)])     # overwrites the evicted block
+    cache.free(1)
+    reused, gap = _serve(prefix, 2, old)
+    if reused or gap > ATOL:
+        fail("a block evicted and then overwritten by another sequence was found under its old key",
+             0, reused, "forget() must delete the entry and its block_keys record before releasing")
+    passed("evict: least recently released leaves first, parents after their children, never a block "
+           "in use; each eviction O(1) from the line")
+
+
+# ---- the milestone: all four pieces in the engine ---------------------------------------------------
+
+def prefix_demo(cls) -> dict:
+    """The seed's demo through `cls`: 8 requests sharing a 96-token system prompt, 8 tokens each."""
+    return run_prefix_demo(prefix_class=cls)
+
+
+@check
+def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int = BS, seed: int = 0) -> None:
+    """Your four pieces as one PrefixCache, plugged into the engine's scheduler over its PagedKVCache:
+    the seed's demo reproduces, and every request served from cached blocks, then decoded for 20 steps
+    under memory pressure, has exactly the logits of a from-scratch run."""
+    cls = combine(keys, attach, remember, evict)
+    demo = prefix_demo(cls)
+    got = {k: demo[k] for k in ("prompt_tokens", "tokens_prefilled", "blocks_in_use", "blocks_without_sharing")}
+    expect_equal(got, {"prompt_tokens": 832, "tokens_prefilled": 160, "blocks_in_use": 14,
+                       "blocks_without_sharing": 56},
+                 "the demo: 8 requests sharing a 96-token system prompt plus 8 tokens each, blocks of 16",
+                 "the first request prefills 104 tokens, each later one only its own 8; the 6 shared "
+                 "blocks are stored once, plus one block of its own per request")
+    if demo["max_abs_diff_vs_cold_prefill"] > ATOL:
+        fail(f"the demo's logits differ from cold prefills (max |Δ| {demo['max_abs_diff_vs_cold_prefill']:.3g})",
+             hint=LOUD)
+    bs = block_size
+    rng = random.Random(seed)
+    system = seeded_tokens(2 * bs + 1, seed=30 + seed)
+    a, b, x = (seeded_tokens(bs, seed=31 + seed + i) for i in range(3))
+    lengths = [bs - 1, bs, bs + 1, 2 * bs + 1]
+    # Ragged, mostly one prefix; X after A and X after B, then X after B again.
+    first = [system[:n] for n in lengths] + [a + x + [1], b + x + [2]]
+    second = ([system[:n] for n in lengths] + [b + x + [3]]            # hits, block-aligned ones too
+              + [system + [rng.randrange(256) for _ in range(n)] for n in lengths])
+    steps = 20
+    # A pool that holds the second wave only if cached blocks are evicted and sequences preempted.
+    cache = PagedKVCache(tiny().config, num_blocks=4 * (-(-(3 * bs + steps) // bs)), block_size=bs)
+    engine = Engine(tiny(), cache, prefix_caching=False, keep_logits=True)
+    prefix = engine.scheduler.prefix = cls(cache)
+    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
+    served = []
+    for wave in (first, second):
+        served += engine.generate(wave, params)
+    stats = prefix.stats()
+    if stats["tokens_saved"] == 0:
+        fail("served the same prompts twice through the engine: no tokens were reused",
+             hint="attach must reuse the blocks that remember published")
+    for request in served:
+        [seq] = request.sequences
+        prompt, out = request.prompt, seq.output
+        want = scratch_logits(tiny(), [prompt + out[:-1]])[0][len(prompt) - 1:]
+        compare_logits(torch.stack(seq.logits), want,
+                       f"request {request.request_id} (prompt of {len(prompt)} tokens, {len(out)} generated)",
+                       first_position=len(prompt) - 1,
+                       hint=_diagnose_keys(cls) or "a cached block must hold exactly the K/V of the "
+                       "tokens (and the history) its key names")
+    expect_equal(stats["queries"], engine.scheduler.prefix_stats["queries"],
+                 "stats()['queries'] against the admissions the scheduler kept", UNDONE)
+    expect_equal(cache.allocator.num_free + len(prefix.entries), cache.num_blocks,
+                 "after every request finished: free blocks + cached blocks",
+                 "every block is either free or held by the cache alone")
+    passed(f"your prefix cache in the engine: the demo gives {demo['tokens_prefilled']} of "
+           f"{demo['prompt_tokens']} tokens prefilled and {demo['blocks_in_use']} blocks (56 without "
+           f"sharing); {len(served)} requests (bs {bs}), {stats['tokens_saved']} prompt tokens reused, "
+           f"{sum(engine.scheduler.preemptions.values())} preemptions, every logit within {ATOL:g} of from scratch")
+
+
+# ---- review questions ------------------------------------------------------------------------------------
+
+def _as_number(answer):
+    try:
+        return float(answer)
+    except (TypeError, ValueError):
+        fail(f"the answer should be a number, got {answer!r}")
+
+
+@check
+def check_review_prefill(answer) -> None:
+    """R1: 20 requests share a 200-token system prompt and add 10 tokens each; blocks of 16. Tokens
+    prefilled in all, served one after another with a prefix cache."""
+    if answer is None:
+        fail("Review question R1 is not answered yet: set r1_answer to a number")
+    cached = 200 // 16 * 16
+    want = 210 + 19 * (210 - cached)
+    value = _as_number(answer)
+    if value == want:
+        passed(f"R1: {want} tokens prefilled: the first request all 210, each later one the "
+               f"{210 - cached} tokens past the {200 // 16} full shared blocks")
+        return
+    hint = "only full blocks are cached: how many of the 200 shared tokens fill whole blocks of 16?"
+    if value == 210 + 19 * 10:
+        hint = ("that counts the whole system prompt as cached; 200 is not a multiple of 16, and the "
+                "last 8 shared tokens sit in a block that also holds the request's own tokens")
+    elif value == 20 * 210:
+        hint = "that is without a prefix cache"
+    fail(f"R1: {answer!r} is not the number of tokens prefilled", hint=hint)
+
+
+@check
+def check_review_order(answer) -> None:
+    """R2: which block goes first (choice c: a leaf nobody holds, released longest ago)."""
+    if answer is None:
+        fail("Review question R2 is not answered yet: set r2_answer to 'a', 'b', 'c' or 'd'")
+    choice = str(answer).strip().lower().strip("()")
+    if choice not in ("a", "b", "c", "d"):
+        fail(f"R2: answer with one letter, 'a', 'b', 'c' or 'd' (got {answer!r})")
+    if choice == "c":
+        passed("R2: a leaf only the cache holds, released longest ago")
+        return
+    hints = {"a": "the root of the system prompt's chain has children, and a running request holds it",
+             "b": "a running request holds that block: evicting it would pull K/V from under it",
+             "d": "that block was released most recently: LRU takes the one released longest ago"}
+    fail(f"R2: ({choice}) is not what evict() takes first", hint=hints[choice])
