@@ -184,3 +184,18 @@ def test_triton_attention_is_refused_with_the_reason():
         QuantizedPagedKVCache(tiny().config, 4, 4, attention="triton")
     with pytest.raises(ValueError, match="int8"):
         kv_bytes_per_token(tiny().config, "int4")
+
+
+@pytest.mark.parametrize("preemption", ["swap", "recompute"])
+def test_the_serving_engine_runs_on_int8_blocks_under_memory_pressure(preemption):
+    from engine.serve.engine import Engine
+    from engine.serve.scheduler import SchedulerConfig
+    cache = make(num_blocks=14, block_size=4)
+    config = SchedulerConfig(max_num_seqs=8, max_batched_tokens=64, margin_blocks=0, watermark=0.0,
+                             preemption=preemption)
+    engine = Engine(tiny(), cache, config, prefix_caching=False)
+    prompts = [seeded_tokens(n, seed=20 + n) for n in (5, 9, 12, 7)]
+    requests = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    assert all(len(r.sequences[0].tokens) == len(p) + 10 for r, p in zip(requests, prompts))
+    assert engine.metrics.summary(engine)[f"preemptions_{preemption}"] > 0
+    assert cache.allocator.num_free == 14
