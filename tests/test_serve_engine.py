@@ -206,3 +206,22 @@ def test_static_slots_run_through_the_same_engine(tiny):
     assert not cache.slot and len(cache.free_slots) == 2
     with pytest.raises(RequestTooLarge, match="holds 48"):
         engine.add_request(list(range(40)), GREEDY)                 # 40 + 14 - 1 > one slot of 48
+
+
+def test_the_scheduler_reads_cache_abilities_from_the_protocols(tiny):
+    from engine.cache.protocol import capabilities
+    from engine.cache.static import StaticKVCache
+    from engine.serve.contiguous import ContiguousKVCache
+    paged = capabilities(PagedKVCache(tiny.config, num_blocks=8, block_size=4))
+    assert (paged.paged, paged.swappable, paged.up_front, paged.max_request_tokens) == (True, True, False, 32)
+    slots = capabilities(StaticKVCache(tiny.config, max_seqs=2, capacity=48))
+    assert (slots.paged, slots.swappable, slots.up_front, slots.max_request_tokens) == (False, False, False, 48)
+    region = capabilities(ContiguousKVCache(tiny.config, 256, "pow2", max_len=100))
+    assert (region.paged, region.up_front, region.max_request_tokens) == (False, True, 100)
+
+    class Sizeless:                                    # the six protocol methods, but no size
+        create = reserve = set_batch = update = free = length = None
+    with pytest.raises(TypeError, match="says nothing about its size"):
+        capabilities(Sizeless())
+    with pytest.raises(TypeError, match="lacks create"):
+        capabilities(object())
