@@ -148,42 +148,45 @@ class MatchesIgnoresExtra(PrefixCache):
 
 # ---- planted bugs: attach and detach -------------------------------------------------------------------
 
+def cached_blocks(prefix, prompt, salt, extra_keys):
+    """The blocks of prompt's longest cached chain (what a correct attach finds)."""
+    blocks = []
+    for key, parent, tokens, extra in prefix.chain(prompt, salt, extra_keys):
+        entry = prefix.entries.get(key)
+        if entry is None or not prefix.matches(entry, parent, tokens, extra):
+            break
+        blocks.append(entry.block)
+    return blocks
+
+
+def count(prefix, reused):
+    prefix.queries += 1
+    prefix.hits += reused > 0
+    prefix.tokens_saved += reused
+    return reused
+
+
 class NothingLeftToPrefill(PrefixCache):
     """Reuses every cached block, even when that is the whole prompt."""
 
     def attach(self, seq, prompt, salt=None, extra_keys=()):
-        blocks = []
-        for key, parent, tokens, extra in self.chain(prompt, salt, extra_keys):
-            entry = self.entries.get(key)
-            if entry is None or not self.matches(entry, parent, tokens, extra):
-                break
-            blocks.append(entry.block)
+        blocks = cached_blocks(self, prompt, salt, extra_keys)
         self.cache.create(seq)
         self.cache.share_blocks(seq, blocks)
-        reused = len(blocks) * self.cache.block_size
-        self.cache.set_length(seq, reused)
-        self.queries, self.hits, self.tokens_saved = self.queries + 1, self.hits + (reused > 0), \
-            self.tokens_saved + reused
-        return reused
+        self.cache.set_length(seq, len(blocks) * self.cache.block_size)
+        return count(self, len(blocks) * self.cache.block_size)
 
 
 class HitWithoutReference(PrefixCache):
     """Puts cached blocks in the table without taking a reference on them."""
 
     def attach(self, seq, prompt, salt=None, extra_keys=()):
-        blocks = []
-        for key, parent, tokens, extra in self.chain(prompt, salt, extra_keys):
-            entry = self.entries.get(key)
-            if entry is None or not self.matches(entry, parent, tokens, extra):
-                break
-            blocks.append(entry.block)
+        blocks = cached_blocks(self, prompt, salt, extra_keys)
         self.cache.create(seq)
         self.cache.tables[seq].extend(blocks)
         reused = min(len(blocks) * self.cache.block_size, len(prompt) - 1)
         self.cache.set_length(seq, reused)
-        self.queries, self.hits, self.tokens_saved = self.queries + 1, self.hits + (reused > 0), \
-            self.tokens_saved + reused
-        return reused
+        return count(self, reused)
 
 
 class DetachKeepsTheCount(PrefixCache):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
@@ -184,6 +185,7 @@ def plot_sharing_growth(growth: dict[str, list[int]], title: str) -> None:
     right.set(xlabel="requests served", ylabel="KV blocks held", title="Memory")
     for ax in (left, right):
         ax.legend(fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     plt.show()
