@@ -114,8 +114,8 @@ class PagedKVCache:
         k_pool, v_pool = self.k_pools[layer], self.v_pools[layer]
         k_pool[blocks, :, offsets] = k.transpose(1, 2)[valid].to(self.dtype)
         v_pool[blocks, :, offsets] = v.transpose(1, 2)[valid].to(self.dtype)
-        highest = torch.where(valid, positions, -1).amax(dim=1, keepdim=True)
-        kv_lens = torch.maximum(self.batch_lengths, highest.squeeze(1) + 1)
+        newest = torch.where(valid, positions + 1, 0)   # one past each written position
+        kv_lens = torch.cat([self.batch_lengths[:, None], newest], dim=1).amax(dim=1)
         if layer == len(self.k_pools) - 1:    # the last layer commits the new lengths
             for seq, n in zip(self.batch, kv_lens.tolist()):
                 self.lengths[seq] = n
@@ -173,7 +173,7 @@ class PagedKVCache:
         # A kept block that is shared and now partial is copied by the next reserve.
         self.lengths[seq] = length
 
-    # ---- for callers that place K/V without a forward pass: a prefix hit, the simulator
+    # ---- for callers that place K/V without a forward pass (prefix hit, simulator)
 
     def share_blocks(self, seq: int, blocks) -> None:
         """Append blocks that already hold seq's next positions (a prefix-cache hit),
@@ -193,8 +193,8 @@ class PagedKVCache:
         slots = len(self.table(seq)) * self.block_size
         if isinstance(length, bool) or not isinstance(length, int) \
                 or not 0 <= length <= slots:
-            raise ValueError(f"sequence {seq}: length {length!r} is outside the {slots} "
-                             "slots of its blocks")
+            raise ValueError(f"sequence {seq}: length {length!r} is outside the "
+                             f"{slots} slots of its blocks")
         self.lengths[seq] = length
 
     # ---- sharing: fork and copy-on-write (chapter 4) ----
