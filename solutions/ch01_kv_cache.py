@@ -64,6 +64,7 @@ from engine.seeded import seeded_tokens
 from engine.serve.simulate import GPUS, Roofline
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
+torch.set_num_threads(1)           # models this small run fastest on one thread
 model = tiny_model(seed=0)
 config = model.config
 
