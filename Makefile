@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Tests run with the venv first on PATH so nbgrader/jupyter find the right kernel.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup test test-fast lab release grade autograde book book-instructor bench lock clean help
+.PHONY: setup test test-fast lab release grade autograde book book-instructor book-pdf bench lock clean help
 
 help:
 	@echo "make setup      create .venv and install the pinned environment (idempotent)"
@@ -17,6 +17,7 @@ help:
 	@echo "make release    regenerate notebooks/ (learner edition) from solutions/"
 	@echo "make autograde SUBMISSIONS=dir   instructor: nbgrader autograde + feedback + grades.csv"
 	@echo "make book       build the HTML book into book/_build/html (make book-instructor: with solutions)"
+	@echo "make book-pdf   the book as one PDF, book/_build/pdf/book.pdf (needs Chromium)"
 	@echo "make test-fast  the suite without notebook execution, book build and browser checks"
 	@echo "make bench      the continuous-batching benchmark (python -m engine bench --help for options)"
 
@@ -29,14 +30,25 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (paged-kv-course)" >/dev/null
 	touch $(STAMP)
 
+# Browser tests need Chromium (engine/course/book.py finds it); without it they skip, and say so here.
+CHROMIUM_CHECK = $(PY) -c "from engine.course.book import chromium_executable as c, CHROMIUM_HINT as h; \
+	c() or print('make test: browser tests will skip: ' + h)"
+
 test: setup
+	@$(CHROMIUM_CHECK)
 	$(PY) -m pytest -n 2 --dist loadfile -q
 
 test-fast: setup
 	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not browser"
 
+# JupyterLab on notebooks/ (LAB_DIR, LAB_ARGS: used by tests/test_lab_notebooks.py). As root (containers,
+# cloud machines) it adds --allow-root; jupyter prints the address with its token below the first line.
+LAB_DIR ?= notebooks
+LAB_ARGS ?=
+LAB_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: setup
-	$(BIN)/jupyter lab notebooks/
+	@echo "make lab: JupyterLab on $(LAB_DIR)/; open the http://localhost:...?token=... address printed below in your browser (Ctrl-C stops it)"
+	$(BIN)/jupyter lab $(LAB_DIR) $(LAB_ROOT) $(LAB_ARGS)
 
 release: setup
 	$(PY) -m engine.course.release
@@ -54,6 +66,9 @@ book: setup
 
 book-instructor: setup
 	$(PY) -m engine.course.book --instructor
+
+book-pdf: setup
+	$(PY) -m engine.course.book --pdf
 
 bench: setup
 	$(PY) -m engine bench

@@ -1,0 +1,269 @@
+"""JupyterLab in a real browser, as a learner uses it: `make lab`, open a chapter, run every cell.
+
+One lab server is started the way a learner starts it (`make lab`, pointed at a scratch folder, on a
+loopback port with a known token), and headless Chromium (tests/fixtures/browser_support.py) drives
+its menus with the network cut. For every published chapter (solutions/chNN_*.py):
+
+* the untouched release (notebooks/chNN_topic.ipynb) is run with Run > Run All Cells; a cell that stops
+  the run (a check that fails, a "With your code" cell) is followed by Run > Run Selected Cell and All
+  Below from the next cell, as a learner would go on. Each graded test cell must then show the
+  check's "not implemented yet" message;
+* the chapter with its solution filled in runs to the end with no error, and every graded test cell
+  shows its ✓ line;
+* the formulas are typeset, and each explorer renders: its controls swap its picture in the page.
+
+Screenshots go to build/artifacts/lab-<chapter>-{release,solved}.png. LAB_CHAPTERS=ch02,ch04 limits a
+local run to some chapters (the others then skip and say why); CI runs them all.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import nbformat
+import pytest
+
+from engine.course import cells
+from fixtures.browser_support import chromium, in_ci, offline_context
+from fixtures.course_support import REPO, expanded, real_chapters
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+CHAPTERS = real_chapters()
+ARTIFACTS = REPO / "build" / "artifacts"
+TOKEN = "course-lab-test"
+RUN_TIMEOUT_S = 900  # one chapter, every cell, on a loaded 2-core CI machine
+NOT_IMPLEMENTED = "not implemented yet"
+CHECK_MARK = "✓"
+# Settings a fresh learner machine would have, minus the news toast (it would ask for the network).
+SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
+            {"fetchNews": "false", "checkForUpdates": False}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as browser:
+        yield browser
+
+
+@pytest.fixture(scope="module")
+def lab(browser, tmp_path_factory):
+    """`make lab` serving a scratch folder (each test puts its notebook there)."""
+    root = tmp_path_factory.mktemp("lab")
+    folder = root / "notebooks"
+    folder.mkdir()
+    for name, values in SETTINGS.items():
+        (root / "settings" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "settings" / name).write_text(json.dumps(values))
+    port = free_port()
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(root / "settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces"), "JUPYTER_RUNTIME_DIR": str(root / "runtime")}
+    args = f"--no-browser --port={port} --ServerApp.ip=127.0.0.1 --IdentityProvider.token={TOKEN}"
+    log = open(root / "lab.log", "w")
+    process = subprocess.Popen(["make", "-s", "lab", f"LAB_DIR={folder}", f"LAB_ARGS={args}"], cwd=REPO, env=env,
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert process.poll() is None, f"make lab exited {process.returncode}:\n{(root / 'lab.log').read_text()}"
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={TOKEN}", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"make lab did not answer:\n{(root / 'lab.log').read_text()}"
+                time.sleep(1)
+        address = f"http://127.0.0.1:{port}/lab?token="  # jupyter masks a token given on its command line
+        while address not in (root / "lab.log").read_text() and time.monotonic() < deadline:
+            time.sleep(1)
+        printed = (root / "lab.log").read_text()
+        assert printed.startswith("make lab: JupyterLab on"), printed[:300]
+        assert address in printed, f"make lab does not print where to open it:\n{printed}"
+        yield {"base": base, "folder": folder}
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+
+
+def wanted(chapter) -> None:
+    only = [c.strip() for c in os.environ.get("LAB_CHAPTERS", "").split(",") if c.strip()]
+    if only and not any(chapter.stem.startswith(c) for c in only):
+        if in_ci():
+            pytest.fail(f"LAB_CHAPTERS={os.environ['LAB_CHAPTERS']} leaves {chapter.stem} out, and CI runs every chapter")
+        pytest.skip(f"LAB_CHAPTERS={os.environ['LAB_CHAPTERS']} leaves {chapter.stem} out")
+
+
+CELLS_JS = """() => Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell'))
+  .map(cell => ({
+    code: cell.classList.contains('jp-CodeCell'),
+    prompt: (cell.querySelector('.jp-InputPrompt') || {}).textContent || '',
+    output: Array.from(cell.querySelectorAll('.jp-OutputArea-output')).map(o => o.textContent).join('\\n'),
+    error: /Traceback|\\w+Error\\b/.test(Array.from(cell.querySelectorAll(
+        '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')).map(o => o.textContent).join('')),
+    math: cell.querySelectorAll('mjx-container').length,
+    rawMath: cell.classList.contains('jp-MarkdownCell') && /\\$[^$\\s][^$]*\\$/.test(
+        (cell.querySelector('.jp-RenderedMarkdown') || {}).textContent || ''),
+  }))"""
+
+
+def cell_states(page) -> list[dict]:
+    return page.evaluate(CELLS_JS)
+
+
+def open_notebook(page, lab, name: str, count: int) -> None:
+    page.goto(f"{lab['base']}/lab/tree/{name}?token={TOKEN}")
+    page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-Cell').length === {count}",
+                           timeout=180_000)
+    page.wait_for_function("() => /Idle/.test(document.querySelector('.jp-StatusBar-Widget')?.textContent || '')",
+                           timeout=180_000)
+
+
+def menu(page, top: str, item: str) -> None:
+    page.get_by_role("menuitem", name=top, exact=True).click()
+    page.get_by_role("menuitem", name=item, exact=True).click()
+
+
+def wait_until_idle(page, timeout_s: float = RUN_TIMEOUT_S) -> list[dict]:
+    """The cells once nothing is queued or running any more (two quiet looks a second apart)."""
+    deadline, quiet = time.monotonic() + timeout_s, 0
+    while quiet < 2:
+        assert time.monotonic() < deadline, "the notebook was still running after the time limit"
+        time.sleep(1)
+        states = cell_states(page)
+        busy = any("*" in s["prompt"] for s in states)
+        status = page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status")
+        quiet = 0 if busy or status == "busy" else quiet + 1
+    return states
+
+
+def run_everything(page, count: int) -> list[dict]:
+    """Run > Run All Cells, then, each time a cell stops the run, on from the cell after it."""
+    menu(page, "Run", "Run All Cells")
+    states = wait_until_idle(page)
+    for _ in range(count):
+        stopped = [i for i, s in enumerate(states) if s["code"] and not re.search(r"\d", s["prompt"])]
+        if not stopped:
+            return states
+        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(stopped[0]) \
+            .locator(".jp-InputPrompt").click()
+        menu(page, "Run", "Run Selected Cell and All Below")
+        states = wait_until_idle(page)
+    raise AssertionError("the notebook kept stopping")
+
+
+def check_explorers(page, name: str, shots: str | None = None) -> int:
+    """Each explorer rendered; moving a control swaps the picture (a screenshot of each goes to
+    build/artifacts/<shots>-explorer<k>.png). Returns how many there are."""
+    explorers = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .course-explorer")
+    for k in range(explorers.count()):
+        explorer = explorers.nth(k)
+        explorer.scroll_into_view_if_needed()
+        assert explorer.get_attribute("data-ready") == "1", f"{name}: explorer {k}'s script did not run"
+        pictures = lambda: explorer.locator(".course-explorer-figures img").evaluate_all(  # noqa: E731
+            "imgs => imgs.map(img => img.complete && img.naturalWidth > 0 ? img.src : 'broken')")
+        before = pictures()
+        assert before and "broken" not in before, f"{name}: explorer {k} shows no picture"
+        changed = False
+        for control in explorer.locator("[data-control]").all():
+            if control.evaluate("el => el.tagName") == "INPUT":
+                control.fill(str(int(control.get_attribute("min"))))
+                if pictures() == before:
+                    control.fill(control.get_attribute("max"))
+            else:
+                control.select_option(index=0)
+                if pictures() == before:
+                    control.select_option(index=control.locator("option").count() - 1)
+            if pictures() != before:
+                changed = True
+                break
+        assert changed, f"{name}: no control of explorer {k} changes its picture in JupyterLab"
+        if shots:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            explorer.screenshot(path=str(ARTIFACTS / f"{shots}-explorer{k}.png"))
+    return explorers.count()
+
+
+def explorer_cells(notebook) -> int:
+    return sum(cell.cell_type == "code" and re.search(r"^explorer\(", cell.source, re.M) is not None
+               for cell in notebook.cells)
+
+
+def graded_tests(notebook) -> list[int]:
+    return [i for i, cell in enumerate(notebook.cells) if cells.is_test(cell)]
+
+
+def common_checks(name, notebook, states, explored):
+    assert len(states) == len(notebook.cells), f"{name}: {len(states)} cells on screen, {len(notebook.cells)} in the file"
+    raw = [i for i, s in enumerate(states) if s["rawMath"]]
+    assert not raw, f"{name}: cells {raw[:5]} show TeX instead of typeset math"
+    assert explored == explorer_cells(notebook), f"{name}: {explored} explorers rendered"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])
+def test_the_release_shows_not_implemented_for_every_exercise(lab, browser, chapter):
+    wanted(chapter)
+    release = REPO / "notebooks" / f"{chapter.stem}.ipynb"
+    assert release.is_file(), f"{release} is missing: run `make release`"
+    shutil.copy(release, lab["folder"] / release.name)
+    notebook = nbformat.read(release, as_version=4)
+    context = offline_context(browser, viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        open_notebook(page, lab, f"{chapter.stem}.ipynb", len(notebook.cells))
+        states = run_everything(page, len(notebook.cells))
+        explored = check_explorers(page, chapter.stem, f"lab-{chapter.stem}-release")
+        first_test = graded_tests(notebook)[0]
+        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(first_test).scroll_into_view_if_needed()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"lab-{chapter.stem}-release.png"))
+        common_checks(chapter.stem, notebook, states, explored)
+        missing = [cells.grade_id(notebook.cells[i]) for i in graded_tests(notebook)
+                   if NOT_IMPLEMENTED not in states[i]["output"]]
+        assert not missing, f"{chapter.stem}: no '{NOT_IMPLEMENTED}' message under {missing}"
+        assert not context.refused, f"the lab reached for the network: {context.refused[:5]}"
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])
+def test_the_solved_chapter_shows_every_check_mark(lab, browser, chapter):
+    wanted(chapter)
+    name = f"{chapter.stem}_solved.ipynb"
+    notebook = expanded(chapter)
+    nbformat.write(notebook, lab["folder"] / name)
+    context = offline_context(browser, viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        open_notebook(page, lab, name, len(notebook.cells))
+        menu(page, "Run", "Run All Cells")
+        states = wait_until_idle(page)
+        explored = check_explorers(page, name, f"lab-{chapter.stem}-solved")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"lab-{chapter.stem}-solved.png"))
+        common_checks(name, notebook, states, explored)
+        unrun = [i for i, s in enumerate(states) if s["code"] and not re.search(r"\d", s["prompt"])]
+        assert not unrun, f"{name}: the run stopped; cells {unrun[:5]} never ran: {states[unrun[0] - 1]['output'][-800:]}"
+        errors = [i for i, s in enumerate(states) if s["error"]]
+        assert not errors, f"{name}: cell {errors[0]} shows an error: {states[errors[0]]['output'][-800:]}"
+        unchecked = [cells.grade_id(notebook.cells[i]) for i in graded_tests(notebook)
+                     if not any(line.lstrip().startswith(CHECK_MARK) for line in states[i]["output"].splitlines())]
+        assert not unchecked, f"{name}: no ✓ line under {unchecked}"
+        assert not context.refused, f"the lab reached for the network: {context.refused[:5]}"
+    finally:
+        context.close()
