@@ -45,26 +45,25 @@
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_setup", "locked": true, "schema_version": 3, "solution": false}
 import math
-import random
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
 
+import engine.cache.paged
 import engine.config
+from engine.cache.slots import blocks_needed
 from engine.checkpoint import tiny_model
 from engine.checks import ch04
 from engine.config import ModelConfig
 from engine.course.widgets import explorer
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams, sample
+from engine.seeded import seeded_tokens
 
-import engine.cache.paged
-from engine.cache.slots import blocks_needed
+ReferenceCache = engine.cache.paged.PagedKVCache   # the engine's, for the figures
 
-ReferenceCache = engine.cache.paged.PagedKVCache   # the engine's, for figures and explorers
-
-CONFIGS = Path(engine.config.__file__).parent / "configs"   # the published config.json files
+CONFIGS = Path(engine.config.__file__).parent / "configs"   # published config.json
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 model = tiny_model(seed=0)
 
@@ -78,16 +77,19 @@ model = tiny_model(seed=0)
 # the divergence is one block copy, never the whole history.
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_costs", "locked": true, "schema_version": 3, "solution": false}
-per_token = ModelConfig.from_json(CONFIGS / "llama-3-70b.json").kv_bytes_per_token(torch.float16)
+llama_70b = ModelConfig.from_json(CONFIGS / "llama-3-70b.json")
+per_token = llama_70b.kv_bytes_per_token(torch.float16)
 prompt_tokens, samples, bs = 2000, 4, 16
 unshared = samples * prompt_tokens * per_token
 shared = prompt_tokens * per_token
-print(f"KV per token: {per_token / KiB:.0f} KiB; the prompt fills {math.ceil(prompt_tokens / bs)} blocks of {bs}")
+print(f"KV per token: {per_token / KiB:.0f} KiB; the prompt fills "
+      f"{math.ceil(prompt_tokens / bs)} blocks of {bs}")
 print(f"{samples} samples, prompt stored {samples} times: {unshared / GiB:.2f} GiB")
 print(f"{samples} samples, prompt stored once:    {shared / MiB:.0f} MiB "
       f"({unshared / shared:.1f}x less, {(unshared - shared) / GiB:.2f} GiB saved)")
 diverge_slots = 10
-print(f"a beam diverging in a block that holds {diverge_slots} of its {bs} tokens copies the whole block: "
+print(f"a beam diverging in a block that holds {diverge_slots} of its {bs} tokens "
+      f"copies the whole block: "
       f"{bs * per_token / MiB:.0f} MiB (its {diverge_slots} used slots are "
       f"{diverge_slots * per_token / MiB:.1f} MiB of it), however long the beam is")
 
@@ -214,8 +216,10 @@ def draw_tables(cache, seqs, title):
         for col, block in enumerate(cache.tables[seq]):
             shared_block = cache.allocator.refcount(block) > 1
             ax.add_patch(plt.Rectangle((col, -row), 0.9, 0.8, edgecolor="black",
-                                       facecolor="tab:orange" if shared_block else "tab:blue"))
-            ax.text(col + 0.45, -row + 0.4, f"{block}", ha="center", va="center", color="white", fontsize=8)
+                                       facecolor="tab:orange" if shared_block
+                                       else "tab:blue"))
+            ax.text(col + 0.45, -row + 0.4, f"{block}", ha="center", va="center",
+                    color="white", fontsize=8)
         ax.text(-0.2, -row + 0.4, f"seq {seq}", ha="right", va="center", fontsize=8)
     width = max(len(cache.tables[s]) for s in seqs)
     ax.set_xlim(-1.5, width + 0.2)
@@ -226,17 +230,18 @@ def draw_tables(cache, seqs, title):
 
 
 def sharing(cache, seqs):
-    """What sharing looks like, whatever the block ids: each table's refcounts, and the blocks in use."""
-    return [[cache.allocator.refcount(b) for b in cache.tables[seq]] for seq in seqs], cache.blocks_in_use
+    """Sharing, whatever the block ids: each table's refcounts, the blocks in use."""
+    counts = [[cache.allocator.refcount(b) for b in cache.tables[seq]] for seq in seqs]
+    return counts, cache.blocks_in_use
 
 
 children = [1, 2, 3, 4]
-prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+prompt = seeded_tokens(40, seed=0)
 firsts = [[100 + c] for c in children]
 
 
 def fork_walk(cache_class):
-    """The running example through a cache of `cache_class`: prefill, 4 forks, one token per fork."""
+    """The running example in a `cache_class`: prefill, 4 forks, a token per fork."""
     cache = cache_class(model.config, num_blocks=32, block_size=16)
     cache.create(0)
     cached_step(model, cache, [0], [prompt])
@@ -250,16 +255,20 @@ def fork_walk(cache_class):
     print("after each fork writes one token:")
     describe(cache, [0] + children)
     want = scratch_logits(model, [prompt + t for t in firsts])
-    print("max |Δ| vs from scratch per fork:", [f"{float((g - w[-1:]).abs().max()):.1e}" for g, w in zip(got, want)])
+    gaps = [f"{float((g - w[-1:]).abs().max()):.1e}" for g, w in zip(got, want)]
+    print("max |Δ| vs from scratch per fork:", gaps)
     counts = ch04.fork_block_counts(cache_class)
-    print(f"summary: {counts['parent_blocks']} parent blocks, {counts['new_blocks_after_forks']} new after forking, "
-          f"{counts['new_blocks_after_each_fork_writes_a_token']} new after each fork writes a token "
-          f"({counts['blocks_for_independent_copies']} for four independent copies of the prompt)")
+    print(f"summary: {counts['parent_blocks']} parent blocks, "
+          f"{counts['new_blocks_after_forks']} new after forking, "
+          f"{counts['new_blocks_after_each_fork_writes_a_token']} new after each fork "
+          f"writes a token ({counts['blocks_for_independent_copies']} for four "
+          "independent copies of the prompt)")
     return cache
 
 
 cache = fork_walk(ReferenceCache)
-draw_tables(cache, [0] + children, "physical blocks per table: orange = shared, blue = private")
+draw_tables(cache, [0] + children,
+            "physical blocks per table: orange = shared, blue = private")
 engine_sharing = sharing(cache, [0] + children)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_yours_walk_md", "locked": true, "schema_version": 3, "solution": false}
@@ -271,7 +280,8 @@ engine_sharing = sharing(cache, [0] + children)
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_yours_walk", "locked": true, "schema_version": 3, "solution": false}
 your_cache = fork_walk(PagedKVCache)
-print("the same sharing as the engine's cache:", sharing(your_cache, [0] + children) == engine_sharing)
+same = sharing(your_cache, [0] + children) == engine_sharing
+print("the same sharing as the engine's cache:", same)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_ex_count_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 4.2 — counting shared blocks (2 points)
@@ -284,11 +294,11 @@ print("the same sharing as the engine's cache:", sharing(your_cache, [0] + child
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_shared_blocks", "locked": false, "schema_version": 3, "solution": true}
 def shared_blocks(prompt_len, n, generated, block_size):
-    """Blocks held by n forked samples of a prompt, each having generated `generated` tokens."""
+    """Blocks held by n forked samples of a prompt, each with `generated` new tokens."""
     ### BEGIN SOLUTION
     if generated == 0:
-        return -(-prompt_len // block_size)          # everyone still shares every prompt block
-    full = prompt_len // block_size                  # never written again: shared forever
+        return -(-prompt_len // block_size)   # everyone still shares every prompt block
+    full = prompt_len // block_size           # never written again: shared forever
     return full + n * (-(-(prompt_len + generated) // block_size) - full)
     ### END SOLUTION
 
@@ -311,11 +321,13 @@ steps = list(range(0, 101))
 with_sharing = [ch04.simulate_forks(L, n, g, b).blocks_in_use for g in steps]
 without = [n * blocks_needed(L + g, b) for g in steps]
 print(f"after 1 token: {with_sharing[1]} blocks shared vs {without[1]} unshared; "
-      f"after 100 tokens: {with_sharing[100]} vs {without[100]} (gap {without[100] - with_sharing[100]} blocks "
+      f"after 100 tokens: {with_sharing[100]} vs {without[100]} "
+      f"(gap {without[100] - with_sharing[100]} blocks "
       f"= {n - 1} extra copies of the prompt's {L // b} full blocks)")
 fig, ax = plt.subplots(figsize=(6.4, 3.4))
 ax.step(steps, without, where="post", label=f"{n} independent copies", color="tab:red")
-ax.step(steps, with_sharing, where="post", label=f"{n} forks, copy-on-write", color="tab:blue")
+ax.step(steps, with_sharing, where="post", label=f"{n} forks, copy-on-write",
+        color="tab:blue")
 ax.set_xlabel("tokens generated per sample")
 ax.set_ylabel(f"blocks of {b} in use")
 ax.set_title(f"{n} samples of a {L}-token prompt")
@@ -331,8 +343,10 @@ plt.show()
 # %% nbgrader={"grade": false, "grade_id": "ch04_yours_count", "locked": true, "schema_version": 3, "solution": false}
 yours = [shared_blocks(L, n, g, b) for g in steps]
 wrong = [(g, yours[g], with_sharing[g]) for g in steps if yours[g] != with_sharing[g]]
-print(f"your shared_blocks agrees with the engine's cache at {len(steps) - len(wrong)} of {len(steps)} points"
-      + (f"; first disagreements (generated, yours, engine): {wrong[:3]}" if wrong else ""))
+print(f"your shared_blocks agrees with the engine's cache at {len(steps) - len(wrong)} "
+      f"of {len(steps)} points"
+      + (f"; first disagreements (generated, yours, engine): {wrong[:3]}"
+         if wrong else ""))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_explorer_md", "locked": true, "schema_version": 3, "solution": false}
 # ### A fork explorer
@@ -347,17 +361,18 @@ print(f"your shared_blocks agrees with the engine's cache at {len(steps) - len(w
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_explorer", "locked": true, "schema_version": 3, "solution": false}
 def explore_fork(prompt_len=40, samples=4, generated=1, block_size=16):
-    """The engine's cache, bookkeeping only (reserve, fork, copy-on-write), drawn table by table."""
+    """The engine's cache, bookkeeping only (reserve, fork, copy-on-write), drawn."""
     sim = ch04.simulate_forks(prompt_len, samples, generated, block_size)
-    print(f"prompt {prompt_len}, {samples} samples, {generated} token(s) each, blocks of {block_size}: "
-          f"{sim.blocks_in_use} blocks in use vs {samples * blocks_needed(prompt_len + generated, block_size)} "
-          f"without sharing")
+    unshared = samples * blocks_needed(prompt_len + generated, block_size)
+    print(f"prompt {prompt_len}, {samples} samples, {generated} token(s) each, "
+          f"blocks of {block_size}: {sim.blocks_in_use} blocks in use vs {unshared} "
+          "without sharing")
     draw_tables(sim, list(range(samples)), "orange = shared, blue = private")
 
 
 # Every state precomputed, swapped in the browser (engine/course/widgets.py).
-explorer(explore_fork, prompt_len=([16, 32, 40, 64], 40), samples=([2, 4, 8], 4), generated=([0, 1, 9], 1),
-         block_size=([4, 16, 64], 16))
+explorer(explore_fork, prompt_len=([16, 32, 40, 64], 40), samples=([2, 4, 8], 4),
+         generated=([0, 1, 9], 1), block_size=([4, 16, 64], 16))
 
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_sampling_md", "locked": true, "schema_version": 3, "solution": false}
@@ -372,7 +387,8 @@ explorer(explore_fork, prompt_len=([16, 32, 40, 64], 40), samples=([2, 4, 8], 4)
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_sampling", "locked": true, "schema_version": 3, "solution": false}
 def sample_n(cache, prompt, seeds, steps, temperature=1.0):
-    """One prefill, a fork per extra sample, then each sample draws with its own seeded generator.
+    """One prefill, a fork per extra sample, then each sample draws with its own seeded
+    generator.
 
     Returns each sample's tokens and the logits the cache produced at each of its steps.
     """
@@ -385,7 +401,8 @@ def sample_n(cache, prompt, seeds, steps, temperature=1.0):
     outputs = [[] for _ in seeds]
     history = [[last] for _ in seeds]
     for _ in range(steps):
-        tokens = [sample(history[s][-1], params[s], generators[s]) for s in range(len(seeds))]
+        tokens = [sample(history[s][-1], params[s], generators[s])
+                  for s in range(len(seeds))]
         rows = cached_step(model, cache, list(range(len(seeds))), [[t] for t in tokens])
         for s, (token, row) in enumerate(zip(tokens, rows)):
             outputs[s].append(token)
@@ -393,16 +410,19 @@ def sample_n(cache, prompt, seeds, steps, temperature=1.0):
     return outputs, history
 
 
-sampling_prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(6)).tolist()
+sampling_prompt = seeded_tokens(9, seed=6)
 sampling_cache = ReferenceCache(model.config, num_blocks=32, block_size=4)
-outputs, history = sample_n(sampling_cache, sampling_prompt, seeds=[0, 1, 2, 3], steps=8)
+outputs, history = sample_n(sampling_cache, sampling_prompt, seeds=[0, 1, 2, 3],
+                            steps=8)
 fresh = scratch_logits(model, [sampling_prompt + out for out in outputs])
 for s, out in enumerate(outputs):
     diff = (torch.stack(history[s]) - fresh[s][len(sampling_prompt) - 1:]).abs().max()
-    print(f"sample {s} (seed {s}): {out}  max |Δ| vs from scratch over all steps {float(diff):.1e}")
+    print(f"sample {s} (seed {s}): {out}  max |Δ| vs from scratch over all steps "
+          f"{float(diff):.1e}")
 first = sampling_cache.tables[0][0]
 print(f"blocks in use: {sampling_cache.blocks_in_use} (4 unshared copies would need "
-      f"{4 * blocks_needed(len(sampling_prompt) + 8, 4)}); the prompt's first block {first} has refcount "
+      f"{4 * blocks_needed(len(sampling_prompt) + 8, 4)}); the prompt's first block "
+      f"{first} has refcount "
       f"{sampling_cache.allocator.refcount(first)}")
 
 # %% nbgrader={"grade": true, "grade_id": "ch04_test_parallel_sampling", "locked": true, "points": 3, "schema_version": 3, "solution": false}
@@ -415,8 +435,8 @@ ch04.check_parallel_sampling(PagedKVCache)
 # sample must pick exactly the engine's tokens.
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_yours_sampling", "locked": true, "schema_version": 3, "solution": false}
-your_outputs, _ = sample_n(PagedKVCache(model.config, num_blocks=32, block_size=4), sampling_prompt,
-                           seeds=[0, 1, 2, 3], steps=8)
+your_outputs, _ = sample_n(PagedKVCache(model.config, num_blocks=32, block_size=4),
+                           sampling_prompt, seeds=[0, 1, 2, 3], steps=8)
 print("your cache draws the engine's samples:", your_outputs == outputs)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_beam_md", "locked": true, "schema_version": 3, "solution": false}
