@@ -13,12 +13,12 @@ def plot_decode_cost(steps: Sequence[int], scratch_positions: Sequence[int], cac
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
     left.plot(steps, scratch_positions, color="tab:red", label="from scratch")
     left.plot(steps, cached_positions, color="tab:blue", label="with a KV cache")
-    left.set(xlabel="decode step", ylabel="token positions through the model",
+    left.set(xlabel="generation step", ylabel="token positions through the model",
              title="Work per step")
     left.legend()
     right.plot(steps, scratch_ms, color="tab:red", label="from scratch")
     right.plot(steps, cached_ms, color="tab:blue", label="with a KV cache")
-    right.set(xlabel="decode step", ylabel="milliseconds (measured, tiny model)",
+    right.set(xlabel="generation step", ylabel="milliseconds (measured)",
               title="Time per step")
     right.legend()
     fig.tight_layout()
