@@ -46,3 +46,14 @@ def test_top_level_layout_is_exactly_the_course_layout():
     top = {path.split("/")[0] for path in tracked.stdout.splitlines()}
     assert LAYOUT <= top, f"missing: {sorted(LAYOUT - top)}"
     assert top <= LAYOUT | PACKAGING, f"unexpected top-level entries: {sorted(top - LAYOUT - PACKAGING)}"
+
+
+def test_the_offline_book_and_the_browser_tests_are_in_the_pinned_environment():
+    """MathJax for the book and Playwright for the browser tests come from pinned packages; CI installs
+    the system's Chromium and poppler and runs the browser tests with CI=true (a skip is a failure)."""
+    pinned = {pin.split("==")[0] for pin in pins((ROOT / "requirements.txt").read_text().splitlines())}
+    assert {"sphinx-mathjax-offline", "playwright"} <= pinned
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "export CI=true" in ci and "chromium" in ci and "poppler-utils" in ci
+    config = yaml.safe_load((ROOT / "book" / "_config.yml").read_text())
+    assert "sphinx-mathjax-offline" in config["sphinx"]["config"]["extensions"]
