@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Tests run with the venv first on PATH so nbgrader/jupyter find the right kernel.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup test test-fast lab release grade autograde book book-instructor book-pdf bench lock clean help
+.PHONY: setup test test-fast lab release grade autograde student-edition book book-instructor book-pdf bench lock clean help
 
 help:
 	@echo "make setup      create .venv and install the pinned environment (idempotent)"
@@ -15,7 +15,8 @@ help:
 	@echo "make lab        open JupyterLab on notebooks/"
 	@echo "make grade      grade your notebooks (or: make grade DIR=path)"
 	@echo "make release    regenerate notebooks/ (learner edition) from solutions/"
-	@echo "make autograde SUBMISSIONS=dir   instructor: nbgrader autograde + feedback + grades.csv"
+	@echo "make autograde SUBMISSIONS=dir [JOBS=2]   instructor: sealed, sandboxed nbgrader autograde + feedback + grades.csv"
+	@echo "make student-edition CHAPTERS=ch02,ch03 [UNLOCK=ch02]   instructor: build/student-edition/ to hand out"
 	@echo "make book       build the HTML book into book/_build/html (make book-instructor: with solutions)"
 	@echo "make book-pdf   the book as one PDF, book/_build/pdf/book.pdf (needs Chromium)"
 	@echo "make test-fast  the suite without notebook execution, book build and browser checks"
@@ -58,8 +59,16 @@ grade: setup
 	$(PY) -m engine.course.grade $(DIR)
 
 SUBMISSIONS ?= submissions
+JOBS ?= 2
+SANDBOX ?= auto
 autograde: setup
-	$(PY) -m engine.course.autograde $(SUBMISSIONS)
+	$(PY) -m engine.course.autograde $(SUBMISSIONS) --jobs $(JOBS) --sandbox $(SANDBOX)
+
+# What an instructor hands out: the chapters named, an engine stubbed for every chapter not unlocked.
+CHAPTERS ?=
+UNLOCK ?=
+student-edition: setup
+	$(PY) -m engine.course.edition --chapters "$(CHAPTERS)" --unlock "$(UNLOCK)"
 
 book: setup
 	$(PY) -m engine.course.book

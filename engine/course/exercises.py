@@ -67,6 +67,14 @@ class Plan:
                 "graded": self.graded(), "graded_by_cell": self.graded_by_cell()}
 
 
+def load_any(chapter_path: Path):
+    """A chapter source (chNN_topic.py) expanded, or a released notebook (chNN_topic.ipynb) as it is."""
+    import nbformat
+    if Path(chapter_path).suffix == ".ipynb":
+        return nbformat.read(chapter_path, as_version=4)
+    return load_chapter(chapter_path)
+
+
 def _module_of(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
 
@@ -139,9 +147,9 @@ def _imports(source: str) -> set[str]:
 
 def plan_for(chapter_path: Path, chapter=None) -> Plan:
     """The chapter's exercises and what the worker must load and watch."""
-    chapter = chapter if chapter is not None else load_chapter(chapter_path)
-    raw = {cells.grade_id(c): c.source for c in jupytext.read(chapter_path, fmt="py:percent").cells
-           if cells.grade_id(c)}
+    chapter = chapter if chapter is not None else load_any(chapter_path)
+    source = jupytext.read(chapter_path, fmt="py:percent") if Path(chapter_path).suffix == ".py" else chapter
+    raw = {cells.grade_id(c): c.source for c in source.cells if cells.grade_id(c)}
     exercises, references, preimport = [], [], {"engine", "engine.checks"}
     for cell in chapter.cells:
         if cell.cell_type != "code":

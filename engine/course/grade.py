@@ -25,7 +25,6 @@ from nbgrader.utils import determine_grade
 from . import cells, exercises
 from .kernel import SealedKernel
 from .paths import chapter_files, chapter_name, offline_cpu_environ, repo_root
-from .source import load_chapter
 
 TIMEOUT_ENV = "GRADE_CELL_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60
@@ -162,7 +161,7 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
                env: dict | None = None) -> SealedRun:
     """Run a learner notebook in the sealed worker (engine.course.seal): each cell's outputs set, each
     graded test's verdict signed; the flags (own work, tampering, probing) for the instructor."""
-    chapter = chapter if chapter is not None else load_chapter(chapter_path)
+    chapter = chapter if chapter is not None else exercises.load_any(chapter_path)
     plan = exercises.plan_for(chapter_path, chapter)
     changes: list[str] = []
     to_run = cells_to_run(learner, chapter, changes)
@@ -223,7 +222,7 @@ def grade_notebook(notebook_path: Path, chapter_path: Path, timeout: float, wrap
                    workdir: Path | None = None) -> ChapterGrade:
     """Run one learner notebook against its chapter source; the score of each graded cell."""
     started = time.monotonic()
-    chapter = load_chapter(chapter_path)
+    chapter = exercises.load_any(chapter_path)
     try:
         learner, notes = read_learner(notebook_path)
     except Exception as error:  # not JSON, not a notebook: every exercise scores 0, grading goes on
@@ -331,14 +330,18 @@ def format_table(grades: list[ChapterGrade], notes: list[str], width: int | None
             lines.append("")
         for row in rows:
             lines += lines_of(row)
+    extra = [f"{g.chapter}: {change}" for g in grades for change in g.changes]
+    extra += [f"{g.chapter}: flagged for the instructor: {flag}" for g in grades for flag in g.flags]
+    if extra:
+        lines.append("")
+        lines += [part for line in extra for part in textwrap.wrap(line, max(width, MIN_MESSAGE_WIDTH),
+                                                                   subsequent_indent="    ")]
     lines.append(rule)
     earned = sum(g.earned for g in grades)
     possible = sum(g.possible for g in grades)
     manual = sum(g.manual for g in grades)
     lines.append(f"total: {earned:g}/{possible:g} points" + (f" (+{manual:g} graded by hand)" if manual else ""))
-    extra = [f"{g.chapter}: {change}" for g in grades for change in g.changes]
-    extra += [f"{g.chapter}: flagged for the instructor: {flag}" for g in grades for flag in g.flags]
-    return "\n".join(lines + extra + notes)
+    return "\n".join(lines + notes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,9 +19,11 @@ def repo_root(start: Path | None = None) -> Path:
 
 
 def chapter_files(solutions_dir: Path | None = None) -> list[Path]:
-    """The chapter sources `solutions/chNN_topic.py`, in chapter order."""
+    """The chapter sources `solutions/chNN_topic.py` (else released `chNN_topic.ipynb`), in chapter order."""
     folder = Path(solutions_dir) if solutions_dir else repo_root() / "solutions"
-    return sorted(path for path in folder.glob("ch*.py") if CHAPTER_PATTERN.match(path.stem))
+    found = sorted(path for path in folder.glob("ch*.py") if CHAPTER_PATTERN.match(path.stem))
+    # a student edition grades against the released notebooks (course/chNN_topic.ipynb) instead
+    return found or sorted(path for path in folder.glob("ch*.ipynb") if CHAPTER_PATTERN.match(path.stem))
 
 
 def chapter_name(path: Path | str) -> str:

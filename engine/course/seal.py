@@ -464,7 +464,10 @@ def main() -> None:
                      if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)))
     profile = make_profile(critical, references, libraries, sys.audit)
     baseline_threads = len(sys._current_frames())
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    main_module = types.ModuleType("__main__")  # the notebook's namespace, as in a kernel
+    namespace = main_module.__dict__
+    namespace["__builtins__"] = builtins
+    sys.modules["__main__"] = main_module
     trusted_bindings: dict = {}
     graded = dict(plan.get("graded", {}))
     graded_by_cell = plan.get("graded_by_cell", {})
