@@ -115,11 +115,13 @@ print(f"blocks of 16:          {paged['slots_reserved']:,} slots reserved, "
 # list is scrambled, writes it through the engine's cache, then reserves one more token at a time.
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_worked", "locked": true, "schema_version": 3, "solution": false}
-worked = ReferenceCache(model.config, 12, block_size=4, allocator=ch03.shuffled_allocator(12, seed=5))
+scrambled = ch03.shuffled_allocator(12, seed=5)      # free list in scrambled order
+worked = ReferenceCache(model.config, 12, block_size=4, allocator=scrambled)
 worked.create(0)
 worked.reserve(0, 5)
 print(f"reserve(0, 5): table {worked.tables[0]}, length {worked.length(0)} "
-      f"(ceil(5 / 4) = {blocks_needed(5, 4)} blocks; the forward pass writes the tokens)")
+      f"(ceil(5 / 4) = {blocks_needed(5, 4)} blocks; the forward pass writes the "
+      "tokens)")
 cached_step(model, worked, [0], [seeded_tokens(5, seed=1)])
 print(f"after the prefill: length {worked.length(0)}; position 4 lives in block "
       f"{worked.tables[0][4 // 4]} at offset {4 % 4}")
@@ -127,7 +129,8 @@ for step in range(4):
     before = list(worked.tables[0])
     worked.reserve(0, 1)
     cached_step(model, worked, [0], [[step]])
-    print(f"decode step {step + 1}: position {worked.length(0) - 1}, table {worked.tables[0]}"
+    print(f"decode step {step + 1}: position {worked.length(0) - 1}, "
+          f"table {worked.tables[0]}"
           + ("  <- a new block" if worked.tables[0] != before else ""))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch03_ex1_md", "locked": true, "schema_version": 3, "solution": false}
@@ -259,8 +262,9 @@ YourStorage = PagedKVCache
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_pool", "locked": true, "schema_version": 3, "solution": false}
 def show_pool(block_size=4, seed=0):
-    """Prefill lengths bs-1, bs, bs+1, 2bs+1 through the engine's cache and draw its pool."""
-    prompts = [seeded_tokens(n, seed=10 + i) for i, n in enumerate(ch03._lengths(block_size))]
+    """Prefill lengths bs-1, bs, bs+1, 2bs+1 into the engine's cache; draw its pool."""
+    lengths_here = [block_size - 1, block_size, block_size + 1, 2 * block_size + 1]
+    prompts = [seeded_tokens(n, seed=10 + i) for i, n in enumerate(lengths_here)]
     num_blocks = sum(blocks_needed(len(p), block_size) for p in prompts) + 3
     cache = ReferenceCache(model.config, num_blocks, block_size=block_size,
                            allocator=ch03.shuffled_allocator(num_blocks, seed))
@@ -269,7 +273,8 @@ def show_pool(block_size=4, seed=0):
     got = cached_step(model, cache, list(range(len(prompts))), prompts)
     want = scratch_logits(model, prompts)
     worst = max(float((g - w).abs().max()) for g, w in zip(got, want))
-    print(f"blocks of {block_size}: tables {[cache.tables[s] for s in range(len(prompts))]}, "
+    tables = [cache.tables[s] for s in range(len(prompts))]
+    print(f"blocks of {block_size}: tables {tables}, "
           f"{cache.slots_reserved - cache.tokens_stored} empty slots; "
           f"max |Δ| vs from scratch {worst:.1e}")
     figures.draw_pool(cache)
@@ -326,7 +331,8 @@ ch03.check_truncate(PagedKVCache, block_size=3, seed=8)
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_together", "locked": true, "schema_version": 3, "solution": false}
 class YourCache(YourStorage, YourReserve, PagedKVCache):
-    """Your reserve, set_batch, write, gather, free and truncate; the rest is the engine's."""
+    """Your reserve, set_batch, write, gather, free and truncate; the rest is the
+    engine's."""
 
 
 # %% nbgrader={"grade": true, "grade_id": "ch03_test_engine", "locked": true, "points": 6, "schema_version": 3, "solution": false}
@@ -361,7 +367,8 @@ sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
 sweep = [ch03.utilization(ReferenceCache, lengths, block_size=size) for size in sizes]
 for row in sweep:
     if row["block_size"] in (1, 16, 128):
-        print(f"block size {row['block_size']:3d}: utilization {row['utilization']:.1%}, "
+        print(f"block size {row['block_size']:3d}: "
+              f"utilization {row['utilization']:.1%}, "
               f"{row['mean_table_length']:.1f} table entries per request")
 below = next(row["block_size"] for row in sweep if row["utilization"] < 0.95)
 print(f"utilization first drops below 95% at block size {below}")
