@@ -367,6 +367,18 @@ def kv_bytes_per_token_hf(hf, dtype_bytes=2):
 # %% nbgrader={"grade": true, "grade_id": "ch08_test_kv_bytes", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 ch08.check_kv_bytes_from_config(kv_bytes_per_token_hf)
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_yours_bytes_md", "locked": true, "schema_version": 3, "solution": false}
+# **With your code: every config.** This cell needs Exercise 8.2. It prices one token of each model
+# with your function, in bf16 and in 8 bits, beside the engine's reference.
+
+# %% nbgrader={"grade": false, "grade_id": "ch08_yours_bytes", "locked": true, "schema_version": 3, "solution": false}
+for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b", "qwen3-0.6b", "deepseek-v2"):
+    hf = load_hf(name)
+    yours = [kv_bytes_per_token_hf(hf, b) for b in (2, 1)]
+    engine_says = [kv_bytes_reference(hf, b) for b in (2, 1)]
+    print(f"{name:12s} bf16 {yours[0] / KiB:6.1f} KiB/token, 8-bit {yours[1] / KiB:6.1f} "
+          f"KiB/token; the engine's reference agrees: {yours == engine_says}")
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_tradeoff_md", "locked": true, "schema_version": 3, "solution": false}
 # ### What MLA does to the block size
 #
