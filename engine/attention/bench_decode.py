@@ -84,6 +84,47 @@ def bench_context(batch: int, context: int, peak: float | None, num_splits: int 
     return results
 
 
+def compare_kernels(batch: int = 32, context: int = 4096, kernel=None, peak_gbs: float | None = None) -> list[dict]:
+    """On CUDA, one fp16 batch: the per-head kernel (or `kernel`, a kernel with its signature), the
+    grouped kernel `paged_attention` runs, and SDPA on the same K/V made contiguous.
+
+    One dict per implementation: ms per step, GB/s of K/V read, the fraction of the card's peak and
+    of SDPA's bandwidth, and the largest difference from SDPA's output.
+    """
+    from triton.testing import do_bench
+
+    from engine.attention.triton_decode import paged_decode, paged_decode_per_head
+
+    device, dtype = torch.device("cuda"), torch.float16
+    peak = peak_bandwidth(torch.cuda.get_device_name(), peak_gbs)
+    q, k_pool, v_pool, tables, positions, kv_lens = scrambled_batch(batch, context, dtype, device)
+    keys = gather_history(k_pool, tables, kv_lens).contiguous()
+    values = gather_history(v_pool, tables, kv_lens).contiguous()
+    splits = choose_num_splits(batch, KV_HEADS, tables.shape[1], BLOCK_SIZE, device)
+    runs = {
+        "sdpa_contiguous": lambda: torch.nn.functional.scaled_dot_product_attention(q, keys, values,
+                                                                                    enable_gqa=True),
+        "per_head_kernel": lambda: paged_decode_per_head(q, k_pool, v_pool, tables, positions, kv_lens,
+                                                         kernel=kernel),
+        "grouped_kernel": lambda: paged_decode(q, k_pool, v_pool, tables, positions, kv_lens, num_splits=splits),
+    }
+    expected = runs["sdpa_contiguous"]().float()
+    rows = []
+    for name, run in runs.items():
+        diff = (run().float() - expected).abs().max().item()
+        ms = do_bench(run)
+        gbs = kv_bytes(batch, context, dtype) / (ms * 1e-3) / 1e9
+        rows.append({"impl": name, "batch": batch, "context": context, "ms": round(ms, 4), "gbs": round(gbs, 1),
+                     "peak_gbs": peak, "fraction_of_peak": round(gbs / peak, 3) if peak else None,
+                     "max_abs_diff_vs_sdpa": diff})
+    sdpa_gbs = rows[0]["gbs"]
+    for row in rows:
+        row["vs_sdpa"] = round(row["gbs"] / sdpa_gbs, 3)
+    del q, k_pool, v_pool, tables, keys, values
+    torch.cuda.empty_cache()
+    return rows
+
+
 def smoke_in_interpreter() -> dict:
     """A few tokens through the decode kernel in Triton's interpreter, checked against the torch reference."""
     from engine.attention.triton_decode import paged_decode

@@ -11,8 +11,9 @@ kernel merges the slices by log-sum-exp.
 `attend_pages` is the inner loop shared with the prefill kernel (triton_prefill.py).
 
 `paged_decode_head_kernel` is the simplest correct paged decode kernel: one program per
-(sequence, query head), no tl.dot. It is the kernel chapter 6 has the learner write, and
-`paged_decode_per_head` launches it (or a learner's kernel with the same signature). The
+(sequence, query head), no tl.dot. Chapter 6 has the learner write its function,
+`paged_decode_head_program`, and `paged_decode_per_head` launches it (or a learner's function or
+kernel with the same signature). The
 grouped kernel above is what `engine.attention.paged_attention` runs: it reads each K/V tile
 once per KV group instead of once per query head.
 """
@@ -35,44 +36,66 @@ from engine.attention.paged_reference import check_paged_inputs, check_table_cov
 MIN_DOT = 16  # tl.dot needs every tile side >= 16 to compile on a GPU (the interpreter accepts less)
 
 
-@triton.jit
-def paged_decode_head_kernel(q_ptr, k_pool, v_pool, tables_ptr, lengths_ptr, out_ptr, group, scale,
-                             s_qb, s_qh, s_ob, s_oh, s_tb, s_kn, s_kh, s_ks, s_vn, s_vh, s_vs,
-                             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (B, Hq): program (b, h) attends query head h of sequence b over keys 0..lengths[b]-1.
+def paged_decode_head_program(q_ptr, k_pool, v_pool, tables_ptr, lengths_ptr, out_ptr,
+                              group, scale, s_qb, s_qh, s_ob, s_oh, s_tb,
+                              s_kn, s_kh, s_ks, s_vn, s_vh, s_vs,
+                              HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                              BLOCK_N: tl.constexpr):
+    """Grid (B, Hq): program (b, h) attends head h of sequence b to keys 0..length-1.
 
-    Row b of q and out starts at b * s_qb (s_ob), head h at h * s_qh (s_oh); the HEAD_DIM values
-    of a vector are contiguous. Pools are [N, Hkv, BLOCK_SIZE, HEAD_DIM] with strides s_kn, s_kh,
-    s_ks (s_vn, s_vh, s_vs). Position p lives in physical block tables[b, p // BLOCK_SIZE] (row b
-    of the table starts at b * s_tb), at slot p % BLOCK_SIZE. Query head h reads KV head h // group.
-    Visit the keys BLOCK_N positions at a time with an online softmax in float32; scale = 1/sqrt(D).
+    The query of (b, h) starts at q_ptr + b * s_qb + h * s_qh, its output at out_ptr +
+    b * s_ob + h * s_oh; the HEAD_DIM values of a vector are contiguous. The pools are
+    [N, Hkv, BLOCK_SIZE, HEAD_DIM] with strides s_kn, s_kh, s_ks (s_vn, s_vh, s_vs).
+    Position p is at slot p % BLOCK_SIZE of physical block tables[b, p // BLOCK_SIZE]
+    (row b of the table starts at tables_ptr + b * s_tb); length = lengths_ptr[b] >= 1.
+    Query head h reads KV head h // group. Visit the keys BLOCK_N positions at a time
+    with an online softmax in float32; scores are q.k * scale, scale = 1/sqrt(HEAD_DIM).
     """
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    kv_head = head // group                        # grouped-query attention: `group` heads share one
+    kv_head = head // group                  # `group` query heads share one KV head
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + seq * s_qb + head * s_qh + dims).to(tl.float32) * scale
     length = tl.load(lengths_ptr + seq)
-    m = tl.full((), float("-inf"), tl.float32)     # running max of the scores seen so far
-    l = tl.zeros((), tl.float32)                   # running sum of exp(score - m)
-    acc = tl.zeros((HEAD_DIM,), tl.float32)        # running sum of exp(score - m) * value
+    m = tl.full((), float("-inf"), tl.float32)  # running max of the scores so far
+    l = tl.zeros((), tl.float32)                # running sum of exp(score - m)
+    acc = tl.zeros((HEAD_DIM,), tl.float32)     # running sum of exp(score - m) * value
     for start in range(0, length, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
-        valid = pos < length                       # the tail of the last tile is not this sequence's
-        block = tl.load(tables_ptr + seq * s_tb + pos // BLOCK_SIZE, mask=valid, other=0)
+        valid = pos < length                 # past the end: not this sequence's keys
+        table = tables_ptr + seq * s_tb
+        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         slot = pos % BLOCK_SIZE
-        k_rows = k_pool + block.to(tl.int64) * s_kn + kv_head * s_kh + slot * s_ks
-        v_rows = v_pool + block.to(tl.int64) * s_vn + kv_head * s_vh + slot * s_vs
-        k = tl.load(k_rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        k_at = k_pool + block * s_kn + kv_head * s_kh + slot * s_ks
+        v_at = v_pool + block * s_vn + kv_head * s_vh + slot * s_vs
+        tile = valid[:, None]
+        k = tl.load(k_at[:, None] + dims[None, :], mask=tile, other=0.0).to(tl.float32)
+        v = tl.load(v_at[:, None] + dims[None, :], mask=tile, other=0.0).to(tl.float32)
         scores = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=0))
-        alpha = tl.exp(m - m_new)                  # rescales what was summed against the old max
+        alpha = tl.exp(m - m_new)            # rescales what was summed against old m
         p = tl.exp(scores - m_new)
         l = l * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m = m_new
-    tl.store(out_ptr + seq * s_ob + head * s_oh + dims, (acc / l).to(out_ptr.dtype.element_ty))
+    out = (acc / l).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + seq * s_ob + head * s_oh + dims, out)
+
+
+# The kernel: what @triton.jit above the function would make. The chapter has the learner write the
+# plain function (a function of their own), and `as_kernel` compiles it the same way.
+paged_decode_head_kernel = triton.jit(paged_decode_head_program)
+_KERNELS: dict = {}
+
+
+def as_kernel(fn):
+    """A launchable Triton kernel: `fn` itself if it is one (anything indexed by a grid), else
+    triton.jit(fn), made once per function."""
+    if hasattr(fn, "__getitem__"):
+        return fn
+    if fn not in _KERNELS:
+        _KERNELS[fn] = triton.jit(fn)
+    return _KERNELS[fn]
 
 
 @triton.jit
@@ -325,15 +348,15 @@ def split_partials(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_sp
 
 
 def merge_partials(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-    """Split-K's second half in torch: combine S partial softmaxes into one output (the merge kernel's spec).
+    """Split-K's merge in torch (the merge kernel's spec): S partial softmaxes -> one.
 
-    m, l [..., S] and acc [..., S, D] as `split_partials` returns them; returns [..., D] in float32.
-    Slice s summed its exponentials against its own max m_s; against the global max M they are
-    worth exp(m_s - M) times as much. Empty slices (m_s = -inf, l_s = 0) weigh 0, and a row
-    whose slices are all empty comes back as zeros, never NaN.
+    m, l [..., S] and acc [..., S, D] as `split_partials` returns them; returns [..., D]
+    (float32). Slice s summed exponentials against its own max m_s; against the global
+    max M they weigh exp(m_s - M). An empty slice (m_s = -inf, l_s = 0) weighs 0, and a
+    row whose slices are all empty comes back as zeros, never NaN.
     """
     top = m.amax(dim=-1, keepdim=True)
-    top = torch.where(top == float("-inf"), torch.zeros_like(top), top)  # all empty: exp(-inf) = 0
+    top = torch.where(top == float("-inf"), torch.zeros_like(top), top)  # all empty
     weight = torch.exp(m - top)                                          # [..., S]
     total = (weight * l).sum(dim=-1, keepdim=True)
     merged = (weight[..., None] * acc).sum(dim=-2)
@@ -344,7 +367,8 @@ def paged_decode_per_head(q, k_pool, v_pool, block_tables, q_positions, kv_lens,
                           block_n: int | None = None) -> torch.Tensor:
     """Decode attention of q [B, Hq, 1, D] through `paged_decode_head_kernel`; returns [B, Hq, 1, D].
 
-    `kernel` is any Triton kernel with that kernel's signature (the chapter passes the learner's).
+    `kernel` is a Triton kernel with that kernel's signature, or a plain function to compile with
+    triton.jit (the chapter passes the learner's `paged_decode_head_program`).
     Each row sees its keys 0..min(position, kv_len - 1); a padding row (position -1) sees key 0,
     as in the torch reference. D must be a power of 2; block_n (keys per tile, default 64) too.
     """
@@ -364,7 +388,7 @@ def paged_decode_per_head(q, k_pool, v_pool, block_tables, q_positions, kv_lens,
     out = torch.empty(batch, q_heads, 1, head_dim, device=q.device, dtype=q.dtype)
     if batch == 0:
         return out
-    (kernel or paged_decode_head_kernel)[(batch, q_heads)](
+    as_kernel(kernel or paged_decode_head_kernel)[(batch, q_heads)](
         q, k_pool, v_pool, block_tables, lengths, out, q_heads // k_pool.shape[1], 1.0 / math.sqrt(head_dim),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), v_pool.stride(0), v_pool.stride(1),

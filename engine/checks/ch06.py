@@ -12,13 +12,14 @@ checks fail with a message that says so, and the others still run.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
 import torch
 
 from engine.attention import triton_installed
-from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed
 from engine.seeded import seeded_tokens
 
 NO_TRITON = ("Triton is not available on this platform (it ships Linux wheels only), so this kernel "
@@ -54,8 +55,17 @@ def launch(fn, *args, **kwargs):
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
             raise cause from None
-        if "NotImplementedError" in str(exc):
-            raise NotImplementedError(f"the kernel still raises NotImplementedError ({type(exc).__name__})") from None
+        if "NotImplementedError" in str(exc):   # compiled: Triton refuses the stub's `raise`
+            plain = getattr(kwargs.get("kernel"), "fn", kwargs.get("kernel"))
+            if callable(plain) and not hasattr(plain, "__getitem__"):
+                try:                             # a stub raises at once, as plain Python, too
+                    plain(*[None] * plain.__code__.co_argcount)
+                except NotImplementedError:
+                    raise
+                except Exception:
+                    pass
+            raise NotImplementedError(f"the kernel still raises NotImplementedError "
+                                      f"({type(exc).__name__})") from None
         raise
 
 
@@ -125,12 +135,15 @@ def _diff_positions(got: torch.Tensor, want: torch.Tensor) -> list[tuple[int, in
 
 
 @check
-def check_gather_rows(kernel) -> None:
+def check_gather_rows(kernel, seed: int = 0) -> None:
     """The primer's kernel: out[r, :] = x[index[r], :] through `gather_rows`, edges masked."""
     _need_triton()
     from engine.attention.triton_primer import gather_rows
-    cases = [(9, 5, [8, 0, 3, 3, 7, 1, 2], 4, 0), (6, 16, [5, 4, 3, 2, 1, 0], 4, 1),
-             (4, 3, [2], 4, 2), (12, 7, [11, 0, 5, 5, 9, 2, 8, 1, 10, 3], 4, 3)]
+    cases = [(9, 5, [8, 0, 3, 3, 7, 1, 2], 4, seed), (6, 16, [5, 4, 3, 2, 1, 0], 4, seed + 1),
+             (4, 3, [2], 4, seed + 2), (12, 7, [11, 0, 5, 5, 9, 2, 8, 1, 10, 3], 4, seed + 3)]
+    if seed:
+        gen = torch.Generator().manual_seed(seed)
+        cases.append((10, 6, torch.randint(0, 10, (9,), generator=gen).tolist(), 2, seed + 4))
     dev = _device()
     for x_rows, cols, index, block_rows, seed in cases:
         x_buf, idx_buf, out_buf, rows, cols = _gather_case(x_rows, cols, index, block_rows, seed)
@@ -269,16 +282,21 @@ def emulate(case: dict, bug: str | None = None) -> torch.Tensor:
     return out.to(case["q"].dtype).float()
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, dtype) -> bool:
-    return torch.allclose(got.float(), want.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype],
-                          equal_nan=True)
+def _tolerance(case: dict) -> float:
+    """The dtype's tolerance; scores in the hundreds lose more bits to float32 rounding (GPU exp too)."""
+    tol = TOLERANCE[case["q"].dtype]
+    return max(tol, 2e-4) if case.get("large") else tol
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, case: dict) -> bool:
+    tol = _tolerance(case)
+    return torch.allclose(got.float(), want.float(), atol=tol, rtol=tol, equal_nan=True)
 
 
 def diagnose(case: dict, got: torch.Tensor, bugs=tuple(BUGS)) -> str | None:
     """The hint of the first classic bug whose emulation reproduces `got`, or None."""
-    dtype = case["q"].dtype
     for bug in bugs:
-        if _close(got, emulate(case, bug), dtype):
+        if _close(got, emulate(case, bug), case):
             return BUGS[bug]
     return None
 
@@ -292,12 +310,12 @@ def _describe(case: dict) -> str:
 
 def _expect_decode(got: torch.Tensor, want: torch.Tensor, case: dict, what: str, hint: str | None = None) -> None:
     """Fail with the first differing (sequence, head), expected vs got, and a diagnosed hint."""
-    dtype = case["q"].dtype
     if got.shape != want.shape:
         fail(f"{what}: the output has the wrong shape", tuple(want.shape), tuple(got.shape))
-    if _close(got, want, dtype) and torch.isfinite(got).all():
+    if _close(got, want, case) and torch.isfinite(got).all():
         return
-    bad = ~torch.isclose(got.float(), want.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    tol = _tolerance(case)
+    bad = ~torch.isclose(got.float(), want.float(), atol=tol, rtol=tol)
     b, h = (int(i) for i in bad.any(dim=-1).nonzero()[0])
     rows = bad.any(dim=-1).nonzero().tolist()
     hint = diagnose(case, got) or hint or (
@@ -310,12 +328,15 @@ def _expect_decode(got: torch.Tensor, want: torch.Tensor, case: dict, what: str,
 
 
 def decode_cases(seed: int = 0) -> list[dict]:
-    """Scrambled tables, lengths 1 to a few blocks, groups 1/2/4, fp32 and fp16, tiles that cut blocks."""
+    """Scrambled tables, lengths 1 to a few blocks, groups 1/2/4, fp32 and fp16, tiles that cut blocks.
+
+    Small on purpose: the interpreter runs every program in Python (and slower still under the grader).
+    """
     return [
-        decode_case([1, 3, 4, 5, 9], group=1, block_size=4, block_n=8, seed=seed),
-        decode_case([2, 3, 7, 11], group=2, block_size=3, block_n=4, seed=seed + 1),
-        decode_case([5, 17], group=4, block_size=16, block_n=16, seed=seed + 2, dtype=torch.float16),
-        decode_case([4, 9, 12], group=2, block_size=4, block_n=8, seed=seed + 3, dtype=torch.float16),
+        decode_case([1, 4, 9], group=1, block_size=4, block_n=8, seed=seed),
+        decode_case([2, 7], group=2, block_size=3, block_n=4, seed=seed + 1),
+        decode_case([17], group=4, block_size=16, block_n=16, seed=seed + 2, dtype=torch.float16),
+        decode_case([4, 9], group=2, block_size=4, block_n=8, seed=seed + 3, dtype=torch.float16),
     ]
 
 
@@ -327,22 +348,23 @@ def check_decode_kernel(kernel, seed: int = 0) -> None:
     for case in cases:
         _expect_decode(run_decode(kernel, case), reference(case), case, "your paged decode kernel")
     passed(f"paged decode kernel: {len(cases)} launches (groups 1/2/4, fp32 and fp16, blocks of 3, 4 "
-           f"and 16, lengths 1 to 17) match the torch reference on scrambled block tables")
+           f"and 16, lengths 1 to 17, tiles that cut blocks) match the torch reference on scrambled "
+           f"block tables")
 
 
 @check
 def check_decode_garbage(kernel) -> None:
     """NaN in every slot no sequence owns (tails of last blocks, spare blocks, table padding) changes nothing."""
     _need_triton()
-    for group, block_size, lens in ((2, 4, [1, 3, 6, 9]), (1, 5, [4, 5, 11])):
+    for group, block_size, lens in ((2, 4, [3, 9]), (1, 5, [4, 5, 11])):
         clean = decode_case(lens, group=group, block_size=block_size, block_n=8, seed=7)
         dirty = decode_case(lens, group=group, block_size=block_size, block_n=8, seed=7, garbage="nan")
         want = reference(clean)
         got = run_decode(kernel, dirty)
-        if torch.isfinite(got).all() and _close(got, want, torch.float32):
+        if torch.isfinite(got).all() and _close(got, want, clean):
             continue
         clean_got = run_decode(kernel, clean)
-        if not _close(clean_got, want, torch.float32):
+        if not _close(clean_got, want, clean):
             _expect_decode(clean_got, want, clean, "before any NaN: your kernel on random garbage")
         nan_rows = sorted({int(b) for b in (~torch.isfinite(got)).any(dim=-1).any(dim=-1).nonzero()[:, 0]})
         fail(f"{_describe(dirty)}: with NaN in the slots no sequence owns, sequences {nan_rows} come "
@@ -370,10 +392,11 @@ def _max_score(case: dict) -> float:
 def check_decode_large_scores(kernel) -> None:
     """Scores far above 88 (exp overflows float32): the online softmax must subtract its running max."""
     _need_triton()
-    cases = [decode_case([6, 13, 20], group=2, block_size=4, block_n=8, seed=11, q_scale=60.0),
-             decode_case([6, 13, 20], group=2, block_size=4, block_n=8, seed=12, q_scale=60.0,
+    cases = [decode_case([6, 13], group=2, block_size=4, block_n=8, seed=11, q_scale=60.0),
+             decode_case([6, 13], group=2, block_size=4, block_n=8, seed=12, q_scale=60.0,
                          dtype=torch.float16)]
     for case in cases:
+        case["large"] = True
         scores = _max_score(case)
         got = run_decode(kernel, case)
         _expect_decode(got, reference(case), case, f"large scores (up to about {scores:.0f})")
@@ -400,12 +423,25 @@ def kernel_cache_class(kernel, block_n: int = 32):
     return KernelCache
 
 
+@functools.lru_cache(maxsize=None)
+def engine_model():
+    """The milestone's model: the course's tiny Qwen3 cut to 1 layer with 1 attention head.
+
+    Every decode step launches the kernel once per layer with a program per (sequence, head), and
+    the interpreter runs each program in Python (under the grader's watch, several times slower
+    still): one head keeps 20 steps of a 4-sequence batch to 80 programs. Heads, groups and
+    strides are covered by the other kernel checks.
+    """
+    from engine.checkpoint import tiny_model
+    return tiny_model(seed=0, num_layers=1, num_heads=1, num_kv_heads=1)
+
+
 @check
 def check_decode_in_engine(kernel, block_size: int = 4, steps: int = 20) -> None:
     """The milestone: the kernel in the engine's paged cache gives from-scratch logits over a ragged batch."""
     _need_triton()
     from engine.generate import cached_step, scratch_logits
-    model = tiny()
+    model = engine_model()
     bs = block_size
     lens = [bs - 1, bs, bs + 1, 2 * bs + 1]
     prompts = [seeded_tokens(n, seed=60 + i) for i, n in enumerate(lens)]
@@ -432,8 +468,8 @@ def check_decode_in_engine(kernel, block_size: int = 4, steps: int = 20) -> None
                  "slot p % block_size of block table[p // block_size], and kv_len grows by one a step"))
     expect_equal(len(got[0]), lens[0] + steps, "logit rows for sequence 0")
     passed(f"in the engine: prefill of {lens} tokens (blocks of {bs}), then {steps} decode steps through "
-           f"your kernel in both layers; every logit matches a from-scratch run (max |Δ| {worst:.1e} "
-           f"<= {ATOL:g})")
+           f"your kernel (the tiny Qwen3 cut to 1 layer, 1 head); every logit matches a "
+           f"from-scratch run (max |Δ| {worst:.1e} <= {ATOL:g})")
 
 
 # ---- stretch: split-K's log-sum-exp merge ----------------------------------------------------------

@@ -1,0 +1,115 @@
+"""Chapter 6's figures: what a decode step reads, the online softmax tile by tile, and which slots one
+program of the paged kernel reads. The chapter computes the numbers; these functions draw them."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import torch
+
+
+def online_softmax_trace(scores: torch.Tensor, block_n: int) -> list[dict]:
+    """The running max m and running sum l = sum exp(s - m) after each tile of `block_n` scores,
+    computed the way the kernel does: rescale the old sum by exp(m_old - m_new), add the tile."""
+    m, l, rows = float("-inf"), 0.0, []
+    for start in range(0, scores.numel(), block_n):
+        tile = scores[start:start + block_n].double()
+        m_new = max(m, float(tile.max()))
+        alpha = float(torch.exp(torch.tensor(m - m_new, dtype=torch.float64)))
+        l = l * alpha + float(torch.exp(tile - m_new).sum())
+        rows.append({"tile": len(rows), "keys": (start, start + tile.numel() - 1), "m": m_new, "alpha": alpha,
+                     "l": l})
+        m = m_new
+    return rows
+
+
+def plot_online_softmax(scores: torch.Tensor, trace: Sequence[dict], block_n: int) -> None:
+    """Scores by key position with the tiles marked and the running max after each tile (top); the
+    running sum l after each tile against the exact sum exp(s - max) over all keys (bottom)."""
+    pos = range(scores.numel())
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 4.6), sharex=True)
+    top.plot(pos, scores.tolist(), ".", color="tab:blue", label="score of key j")
+    for row in trace:
+        lo, hi = row["keys"]
+        top.hlines(row["m"], lo - 0.4, hi + 0.4, color="tab:red")
+        top.axvline(lo - 0.5, color="grey", lw=0.5, ls=":")
+        bottom.hlines(row["l"], lo - 0.4, hi + 0.4, color="tab:green")
+    top.plot([], [], color="tab:red", label="running max m after the tile")
+    top.set_ylabel("score")
+    top.legend(fontsize=8, loc="lower right")
+    exact = float(torch.exp(scores.double() - scores.max()).sum())
+    bottom.axhline(exact, color="black", ls="--", lw=0.8, label=f"exact sum exp(s - max) = {exact:.3f}")
+    bottom.plot([], [], color="tab:green", label="running sum l after the tile")
+    bottom.set_ylabel("l")
+    bottom.set_xlabel(f"key position j (tiles of {block_n})")
+    bottom.legend(fontsize=8, loc="lower right")
+    fig.suptitle("online softmax: one pass, tile by tile", fontsize=10)
+    fig.tight_layout()
+    plt.show()
+
+
+def plot_decode_traffic(contexts: Sequence[int], kv_gib: dict[int, Sequence[float]], weights_gib: float,
+                        bandwidth_gbs: float, model: str) -> None:
+    """GiB read per decode step against context, one line per batch size, with the weights for scale;
+    the right axis converts bytes to the time they take at `bandwidth_gbs`."""
+    fig, ax = plt.subplots(figsize=(6.8, 3.8))
+    for batch, values in kv_gib.items():
+        ax.plot(contexts, values, ".-", label=f"K/V, batch {batch}")
+    ax.axhline(weights_gib, color="black", ls="--", lw=0.8, label="the weights (read once per step)")
+    ax.set(xscale="log", yscale="log", xlabel="context length (tokens per sequence)",
+           ylabel="GiB read per decode step", title=f"{model}: what one decode step reads (fp16)")
+    ax.set_xticks(list(contexts), [f"{c // 1024}K" if c >= 1024 else str(c) for c in contexts])
+    right = ax.secondary_yaxis("right", functions=(lambda g: g * 2**30 / (bandwidth_gbs * 1e9) * 1e3,
+                                                   lambda ms: ms * 1e-3 * bandwidth_gbs * 1e9 / 2**30))
+    right.set_ylabel(f"ms at {bandwidth_gbs / 1000:g} TB/s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    plt.show()
+
+
+def draw_kernel_walk(tables: torch.Tensor, lengths: Sequence[int], num_blocks: int, block_size: int,
+                     seq: int, tile: int, block_n: int) -> None:
+    """The pool as rows of slots; the slots program (seq, h) reads in one tile are green, the
+    positions of that tile past the sequence's end (masked) are marked red on the table row."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8.2, 0.34 * num_blocks + 1.2),
+                                      gridspec_kw={"width_ratios": [1.25, 1]})
+    n = lengths[seq]
+    positions = range(tile * block_n, (tile + 1) * block_n)
+    read = {(int(tables[seq, p // block_size]), p % block_size): p for p in positions if p < n}
+    owner = {int(b): (s, i) for s, row in enumerate(tables.tolist()) for i, b in enumerate(row)
+             if i < -(-lengths[s] // block_size)}
+    colours = plt.get_cmap("tab10")
+    for block in range(num_blocks):
+        y = -block
+        s, i = owner.get(block, (None, None))
+        left.text(-0.3, y + 0.4, f"block {block}" + (f" (seq {s}, logical {i})" if s is not None else ""),
+                  ha="right", va="center", fontsize=7)
+        for slot in range(block_size):
+            stored = s is not None and i * block_size + slot < lengths[s]
+            face = (*colours(s % 10)[:3], 0.35) if stored else "white"
+            if (block, slot) in read:
+                face = "tab:green"
+            left.add_patch(plt.Rectangle((slot, y), 0.92, 0.8, facecolor=face, edgecolor="grey", lw=0.5))
+            if (block, slot) in read:
+                left.text(slot + 0.46, y + 0.4, str(read[(block, slot)]), ha="center", va="center",
+                          fontsize=6, color="white")
+    left.set_xlim(-5.5, block_size + 0.1)
+    left.set_ylim(-num_blocks + 0.6, 1.1)
+    left.axis("off")
+    left.set_title("the pool (green: read by this tile; number = position)", fontsize=8)
+    # The tile's positions: which logical block, which physical block, and the tail mask.
+    for col, p in enumerate(positions):
+        logical = p // block_size
+        valid = p < n
+        right.add_patch(plt.Rectangle((col, 0), 0.92, 0.8, facecolor="tab:green" if valid else "tab:red",
+                                      alpha=0.8 if valid else 0.35, edgecolor="grey", lw=0.5))
+        right.text(col + 0.46, 0.4, str(p), ha="center", va="center", fontsize=6)
+        if valid and p % block_size == 0 or col == 0 and valid:
+            right.text(col + 0.1, -0.5, f"T[{logical}]={int(tables[seq, logical])}", fontsize=6, rotation=45)
+    right.set_xlim(-0.2, block_n + 0.2)
+    right.set_ylim(-2.2, 1.6)
+    right.axis("off")
+    right.set_title(f"sequence {seq} (length {n}), tile {tile}: positions {positions.start}.."
+                    f"{positions.stop - 1}\nred = past the end, masked", fontsize=8)
+    fig.tight_layout()
+    plt.show()
