@@ -1,16 +1,23 @@
 """`make book`: outputs from the reference solution, no solution text in the learner edition's HTML.
 
 The leak check is proven on the instructor edition: the same search finds every solution line there.
+The built book needs no network: MathJax is served from the book itself and no page names a CDN;
+explorers are precomputed widgets; each chapter page keeps its review questions and "Going deeper"
+list, and the instructor edition shows the written answers' rubrics. (The browser checks of the same
+pages are in test_course_browser.py.)
 """
 import html
 import json
+import re
 from html.parser import HTMLParser
+from urllib.parse import urlparse
 
 import nbformat
 import pytest
 
 from engine.course import cells
-from engine.course.book import learner_edition
+from engine.course.book import RUBRIC_LABEL, learner_edition
+from engine.course.widgets import MIME_HTML
 from engine.course.paths import chapter_files
 from fixtures.course_support import built_book, expanded, solutions_dir
 
@@ -60,7 +67,8 @@ def secret_lines(chapter, shown: set[str]) -> dict[str, set[str]]:
     solution = {" ".join(line.split()) for cell in source.cells for line in cells.solution_text(cell)}
     hidden = {" ".join(line.split()) for cell in source.cells
               for region in cells.marked_regions(cell.source, cells.BEGIN_HIDDEN, cells.END_HIDDEN) for line in region}
-    return {"solution": solution - shown - {""}, "hidden": hidden - shown - {""}}
+    trivial = {line for line in solution | hidden if len(line) < 8}  # `return`, `else:`: in any code
+    return {"solution": solution - shown - trivial, "hidden": hidden - shown - trivial}
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +114,15 @@ def test_learner_pages_show_the_stubs_and_the_reference_outputs(book, chapters):
         assert not errors, f"{chapter.stem}: the reference solution raised {errors[0].ename}"
 
 
+def is_explorer(output) -> bool:
+    """An explorer's output (engine/course/widgets.py): HTML first, its default picture as a fallback."""
+    return 'class="course-explorer"' in output.get("data", {}).get(MIME_HTML, "")
+
+
 def test_every_figure_of_the_executed_chapter_is_on_its_page(book, chapters):
     for chapter, executed in chapters:
-        figures = sum("image/png" in output.get("data", {}) for cell in executed.cells
-                      for output in cell.get("outputs", []))
+        figures = sum("image/png" in output.get("data", {}) and not is_explorer(output)
+                      for cell in executed.cells for output in cell.get("outputs", []))
         page = book["learner"] / "chapters" / f"{chapter.stem}.html"
         images = [src for src in _image_sources(page.read_text()) if "_images/" in src]
         assert len(images) == figures, f"{chapter.stem}: {figures} figures executed, {len(images)} on the page"
@@ -135,3 +148,123 @@ def _image_sources(page: str) -> list[str]:
 
     Images().feed(page)
     return found
+
+
+def test_every_explorer_is_on_its_page_with_all_its_states(book, chapters):
+    """Each explorer the chapter ran is a precomputed widget on the page: controls, data, script."""
+    for chapter, executed in chapters:
+        outputs = [o for cell in executed.cells for o in cell.get("outputs", []) if is_explorer(o)]
+        page = (book["learner"] / "chapters" / f"{chapter.stem}.html").read_text()
+        on_page = re.findall(r'<div class="course-explorer" id="[^"]+" data-draw="[^"]+" data-states="(\d+)"', page)
+        assert len(on_page) == len(outputs), f"{chapter.stem}: {len(outputs)} explorers ran, {len(on_page)} on the page"
+        for output, states in zip(outputs, on_page):
+            data = json.loads(re.search(r'class="course-explorer-data">(.*?)</script>',
+                                        output["data"][MIME_HTML], re.S).group(1).replace("<\\/", "</"))
+            count = 1
+            for size in data["sizes"]:
+                count *= size
+            assert len(data["states"]) == count == int(states) > 1, f"{chapter.stem}: {states} states"
+            assert len(data["images"]) > 1, f"{chapter.stem}: every state of an explorer draws the same picture"
+
+
+class _Links(HTMLParser):
+    """(tag, attribute, URL) of everything a page loads: scripts, stylesheets, images, frames, fonts."""
+
+    LOADS = {("script", "src"), ("link", "href"), ("img", "src"), ("iframe", "src"), ("source", "src"),
+             ("embed", "src"), ("object", "data"), ("audio", "src"), ("video", "src")}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.loads = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "link" and not ({"stylesheet", "preload", "modulepreload", "icon", "prefetch", "preconnect",
+                                   "dns-prefetch", "manifest"} & set((attrs.get("rel") or "").split())):
+            return  # rel="next", "prev", "index", ... are plain links
+        for wanted_tag, attribute in self.LOADS:
+            if tag == wanted_tag and attrs.get(attribute):
+                self.loads.append((tag, attribute, attrs[attribute]))
+
+
+CDN_HOSTS = re.compile(r"(cdn\.jsdelivr\.net|unpkg\.com|cdnjs\.cloudflare\.com|fonts\.googleapis\.com|"
+                       r"ajax\.googleapis\.com|code\.jquery\.com|cdn\.plot\.ly|polyfill\.io|mathjax\.org)")
+
+
+@pytest.mark.parametrize("edition", ["learner", "instructor"])
+def test_no_page_loads_anything_from_the_network(book, edition):
+    """Every script, stylesheet, font and image a page loads is a file of the built book (no CDN, no URL),
+    and no page or stylesheet even names a CDN host (inline scripts included)."""
+    site = book[edition]
+    pages = sorted(p for p in site.rglob("*.html") if "_static" not in p.relative_to(site).parts)  # not templates
+    assert len(pages) >= 3
+    for page in pages:
+        text = page.read_text()
+        links = _Links()
+        links.feed(text)
+        remote = [(tag, url) for tag, _, url in links.loads if urlparse(url).scheme not in {"", "data"}]
+        assert not remote, f"{page.relative_to(site)} loads from the network: {remote[:5]}"
+        for _, _, url in links.loads:
+            if not urlparse(url).scheme:
+                target = (page.parent / url.split("#")[0].split("?")[0]).resolve()
+                assert target.is_file(), f"{page.relative_to(site)} loads {url}, which the book does not have"
+        cdn = CDN_HOSTS.findall(text)
+        assert not cdn, f"{page.relative_to(site)} names a CDN: {sorted(set(cdn))}"
+    for sheet in site.glob("_static/**/*.css"):
+        urls = re.findall(r"url\(\s*['\"]?(https?:[^'\")]+)", sheet.read_text(errors="replace"))
+        assert not urls, f"{sheet.relative_to(site)} loads {urls[:3]}"
+
+
+def test_mathjax_is_served_from_the_book_and_every_chapter_loads_it(book, chapters):
+    site = book["learner"]
+    assert (site / "_static" / "mathjax" / "tex-chtml.js").stat().st_size > 100_000
+    fonts = list((site / "_static" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
+    assert len(fonts) > 10, "MathJax's CHTML fonts are not in the book"
+    for chapter, _ in chapters:
+        page = (site / "chapters" / f"{chapter.stem}.html").read_text()
+        assert '<script defer="defer" src="../_static/mathjax/tex-chtml.js"></script>' in page, chapter.stem
+
+
+def test_each_chapter_page_has_its_review_questions_and_going_deeper_list(book, chapters):
+    """The chapter's review questions (every hand-graded answer cell and its question) and its
+    "Going deeper" reading list are on both editions' pages."""
+    for chapter, executed in chapters:
+        for edition in ("learner", "instructor"):
+            text = "\n".join(visible_lines_of(book[edition] / "chapters" / f"{chapter.stem}.html"))
+            assert re.search(r"check your understanding|review questions", text, re.I), \
+                f"{chapter.stem} ({edition}): no review questions section"
+            assert "Going deeper" in text, f"{chapter.stem} ({edition}): no \"Going deeper\" list"
+        written = [cell for cell in executed.cells if cells.is_manual(cell) and cell.cell_type == "markdown"]
+        learner = (book["learner"] / "chapters" / f"{chapter.stem}.html").read_text()
+        assert learner.count("YOUR ANSWER HERE") >= len(written), f"{chapter.stem}: answer cells missing"
+
+
+def test_the_instructor_edition_shows_each_written_answers_rubric(book, chapters):
+    label = RUBRIC_LABEL.strip("*")
+    for chapter, executed in chapters:
+        written = [cell for cell in executed.cells if cells.is_manual(cell) and cell.cell_type == "markdown"]
+        instructor = visible_lines_of(book["instructor"] / "chapters" / f"{chapter.stem}.html")
+        learner = visible_lines_of(book["learner"] / "chapters" / f"{chapter.stem}.html")
+        assert sum(label in line for line in instructor) == len(written), f"{chapter.stem}: rubric labels"
+        assert not any(label in line for line in learner), f"{chapter.stem}: a rubric label in the learner book"
+        for cell in written:
+            first = " ".join(cell.source.split("\n")[0].split())
+            first = re.sub(r"[*_`$]", "", first)[:40]
+            assert any(first in re.sub(r"[*_`$]", "", line) for line in instructor), \
+                f"{chapter.stem}: the instructor page lacks the rubric of {cells.grade_id(cell)}"
+
+
+def test_the_search_index_covers_every_page(book, chapters):
+    """Sphinx's client-side search reads searchindex.js from the book itself: no server, no network."""
+    index = (book["learner"] / "searchindex.js").read_text()
+    for chapter, _ in chapters:
+        assert f'"chapters/{chapter.stem}"' in index, f"{chapter.stem} is not in the search index"
+    assert '"course_guide"' in index and '"intro"' in index
+    search = (book["learner"] / "search.html").read_text()
+    assert "searchindex.js" in search and "searchtools.js" in search
+
+
+def visible_lines_of(page) -> list[str]:
+    parser = _Text()
+    parser.feed(page.read_text())
+    return [" ".join(html.unescape(line).split()) for line in "".join(parser.parts).splitlines() if line.strip()]
