@@ -104,8 +104,9 @@ def draw_kernel_walk(tables: torch.Tensor, lengths: Sequence[int], num_blocks: i
         right.add_patch(plt.Rectangle((col, 0), 0.92, 0.8, facecolor="tab:green" if valid else "tab:red",
                                       alpha=0.8 if valid else 0.35, edgecolor="grey", lw=0.5))
         right.text(col + 0.46, 0.4, str(p), ha="center", va="center", fontsize=6)
-        if valid and p % block_size == 0 or col == 0 and valid:
-            right.text(col + 0.1, -0.5, f"T[{logical}]={int(tables[seq, logical])}", fontsize=6, rotation=45)
+        if p % block_size == 0 or col == 0:           # one table lookup per block the tile touches
+            name = f"T[{logical}]={int(tables[seq, logical])}" if valid else f"T[{logical}]: masked"
+            right.text(col + 0.05, -0.45, name, fontsize=7, ha="left", va="top")
     right.set_xlim(-0.2, block_n + 0.2)
     right.set_ylim(-2.2, 1.6)
     right.axis("off")
