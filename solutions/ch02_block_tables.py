@@ -51,23 +51,24 @@ from collections import deque
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib.pyplot as plt
 import torch
 
 import engine.config
 from engine.cache import slots as reference_slots
-from engine.cache.allocator import BlockAllocator as ReferenceAllocator   # the engine's, for the figures
+from engine.cache.allocator import BlockAllocator as ReferenceAllocator  # the engine's
 from engine.cache.errors import BlockRefError, OutOfBlocks
 from engine.cache.paged import PagedKVCache
 from engine.cache.slots import check_block_size
 from engine.checkpoint import tiny_model
 from engine.checks import ch02
+from engine.course.figures.ch02 import (draw_block_table, draw_pool,
+                                        plot_block_size_tradeoff)
 from engine.course.widgets import explorer
 from engine.config import ModelConfig
 from engine.demos.paged import paged_figures, request_lengths, static_figures
 from engine.generate import cached_step, scratch_logits
 
-CONFIGS = Path(engine.config.__file__).parent / "configs"   # the published config.json files
+CONFIGS = Path(engine.config.__file__).parent / "configs"  # published config.json files
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 _ = torch.manual_seed(0)                                    # the prompts of section 2.6
 
@@ -92,8 +93,10 @@ per_token = {}
 for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b"):
     config = ModelConfig.from_json(CONFIGS / f"{name}.json")
     per_token[name] = config.kv_bytes_per_token(torch.float16)
-    print(f"{name:12s} {config.num_layers:3d} layers x {config.num_kv_heads:2d} KV heads x "
-          f"{config.head_dim} dims: {per_token[name]:>9,} bytes = {per_token[name] / KiB:.0f} KiB per token (fp16)")
+    print(f"{name:12s} {config.num_layers:3d} layers x "
+          f"{config.num_kv_heads:2d} KV heads x {config.head_dim} dims: "
+          f"{per_token[name]:>9,} bytes = "
+          f"{per_token[name] / KiB:.0f} KiB per token (fp16)")
 
 big = per_token["llama-3-70b"]
 reserved_tokens, used_tokens, block_size = 4096, 300, 16
@@ -101,12 +104,16 @@ reserved = reserved_tokens * big
 used = used_tokens * big
 blocks = math.ceil(used_tokens / block_size)
 paged = blocks * block_size * big
-print(f"\ncontiguous: reserve {reserved_tokens} tokens = {reserved / GiB:.2f} GiB, use {used_tokens} tokens = "
-      f"{used / MiB:.1f} MiB -> {1 - used / reserved:.1%} of the reservation is dead")
-print(f"paged:      {blocks} blocks of {block_size} = {blocks * block_size} slots = {paged / MiB:.1f} MiB -> "
-      f"{blocks * block_size - used_tokens} empty slots, {1 - used / paged:.1%} wasted")
-print(f"the block table for a full 4,096-token context: {reserved_tokens // block_size} entries x 4 bytes = "
-      f"{reserved_tokens // block_size * 4 / KiB:.0f} KiB, guarding {reserved / GiB:.2f} GiB of K/V")
+table_bytes = reserved_tokens // block_size * 4
+print(f"\ncontiguous: reserve {reserved_tokens} tokens = {reserved / GiB:.2f} GiB, "
+      f"use {used_tokens} tokens = {used / MiB:.1f} MiB "
+      f"-> {1 - used / reserved:.1%} of the reservation is dead")
+print(f"paged:      {blocks} blocks of {block_size} = {blocks * block_size} slots = "
+      f"{paged / MiB:.1f} MiB -> {blocks * block_size - used_tokens} empty slots, "
+      f"{1 - used / paged:.1%} wasted")
+print(f"the block table for a full 4,096-token context: "
+      f"{reserved_tokens // block_size} entries x 4 bytes = "
+      f"{table_bytes / KiB:.0f} KiB, guarding {reserved / GiB:.2f} GiB of K/V")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_why_md2", "locked": true, "schema_version": 3, "solution": false}
 # Read the last three lines the cell printed. Even with grouped-query attention a 70B model costs
@@ -130,8 +137,10 @@ lengths = request_lengths(32, 20, 500, seed=0)
 static = static_figures(lengths, capacity=1024)
 paged16 = paged_figures(lengths, block_size=16)
 print(f"{len(lengths)} requests, {sum(lengths):,} tokens stored")
-print(f"static slots of 1,024: {static['slots_reserved']:,} slots reserved, utilization {static['utilization']:.1%}")
-print(f"blocks of 16:          {paged16['slots_reserved']:,} slots reserved, utilization {paged16['utilization']:.1%}")
+print(f"static slots of 1,024: {static['slots_reserved']:,} slots reserved, "
+      f"utilization {static['utilization']:.1%}")
+print(f"blocks of 16:          {paged16['slots_reserved']:,} slots reserved, "
+      f"utilization {paged16['utilization']:.1%}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_math_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 2.2 The slot formula
@@ -163,8 +172,8 @@ print(f"blocks of 16:          {paged16['slots_reserved']:,} slots reserved, uti
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_worked", "locked": true, "schema_version": 3, "solution": false}
 table, b, p = [5, 1, 7], 4, 9
-print(f"position {p}: logical block {p // b}, offset {p % b}, physical block {table[p // b]}, "
-      f"flat slot {table[p // b] * b + p % b}")
+print(f"position {p}: logical block {p // b}, offset {p % b}, "
+      f"physical block {table[p // b]}, flat slot {table[p // b] * b + p % b}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_ex_slots_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 2.1 — slot math (1 + 1 + 1 + 2 points)
@@ -230,7 +239,7 @@ POOL_BLOCKS = 48
 
 
 def scrambled_table(length, block_size, seed=0):
-    """Physical blocks for a sequence of `length` tokens, drawn in scrambled order from the pool."""
+    """Physical blocks for `length` tokens, drawn in scrambled order from the pool."""
     count = reference_slots.blocks_needed(length, block_size)
     return random.Random(seed).sample(range(POOL_BLOCKS), count)
 
@@ -240,31 +249,18 @@ def show_table(length=37, block_size=8, seed=0):
     table = scrambled_table(length, block_size, seed)
     tail = len(table) * block_size - length
     print(f"length {length}, block size {block_size}: table {table} "
-          f"({len(table)} blocks, {len(table) * block_size} slots, {tail} empty in the last block)")
+          f"({len(table)} blocks, {len(table) * block_size} slots, "
+          f"{tail} empty in the last block)")
     last = length - 1
     block, offset = reference_slots.physical_slot(table, last, block_size)
-    print(f"last position {last}: logical block {last // block_size} -> physical block {block}, offset {offset}, "
-          f"flat slot {reference_slots.slot_index(table, last, block_size)}")
-    fig, ax = plt.subplots(figsize=(min(1.0 + 0.32 * block_size, 11), 0.45 * len(table) + 0.8))
-    for row, physical in enumerate(table):
-        for col in range(block_size):
-            pos = row * block_size + col
-            filled = pos < length
-            ax.add_patch(plt.Rectangle((col, -row), 0.92, 0.85, facecolor="tab:blue" if filled else "white",
-                                       edgecolor="tab:blue"))
-            if filled and block_size <= 16:
-                ax.text(col + 0.46, -row + 0.42, str(pos), ha="center", va="center", fontsize=7, color="white")
-        ax.text(-0.3, -row + 0.42, f"logical {row} → block {physical}", ha="right", va="center", fontsize=8)
-    ax.set_xlim(-4.5, block_size + 0.2)
-    ax.set_ylim(-len(table) + 0.7, 1.1)
-    ax.axis("off")
-    ax.set_title(f"{length} tokens in blocks of {block_size}: {tail} empty slot(s)", fontsize=9)
-    plt.show()
+    flat = reference_slots.slot_index(table, last, block_size)
+    print(f"last position {last}: logical block {last // block_size} -> physical block "
+          f"{block}, offset {offset}, flat slot {flat}")
+    draw_block_table(table, length, block_size)
 
 
 # Every state precomputed, swapped in the browser (engine/course/widgets.py).
 explorer(show_table, length=(1, 40, 37), block_size=([4, 8, 16], 8))
-
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_util_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 2.4 What blocks buy, and what they cost
@@ -283,7 +279,7 @@ explorer(show_table, length=(1, 40, 37), block_size=([4, 8, 16], 8))
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_paged_utilization", "locked": false, "schema_version": 3, "solution": true}
 def paged_utilization(lengths, block_size):
-    """Tokens stored / slots in the blocks that hold them, for sequences of the given lengths."""
+    """Tokens stored / slots in the blocks that hold them, one sequence per length."""
     ### BEGIN SOLUTION
     slots_reserved = sum(-(-n // block_size) for n in lengths) * block_size
     return sum(lengths) / slots_reserved
@@ -302,10 +298,11 @@ ch02.check_paged_utilization(paged_utilization)
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_yours_util", "locked": true, "schema_version": 3, "solution": false}
 for size in (8, 16, 32, 64, 128):
-    engine_value = paged16["utilization"] if size == 16 else paged_figures(lengths, block_size=size)["utilization"]
+    engine_value = paged_figures(lengths, block_size=size)["utilization"]
     yours = paged_utilization(lengths, size)
+    flag = "" if abs(yours - engine_value) < 5e-4 else "  <- differs"
     print(f"32 requests in blocks of {size:3d}: your paged_utilization {yours:.3f}, "
-          f"the engine's PagedKVCache {engine_value:.3f}" + ("" if abs(yours - engine_value) < 5e-4 else "  <- differs"))
+          f"the engine's PagedKVCache {engine_value:.3f}{flag}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_tradeoff_md", "locked": true, "schema_version": 3, "solution": false}
 # The cell below draws the trade-off that decides the block size, from the engine's own slot math
@@ -320,25 +317,15 @@ n = 300
 waste = [(b - 1) / 2 for b in sizes]
 entries = [reference_slots.blocks_needed(n, b) for b in sizes]
 for b, w, e in zip(sizes, waste, entries):
-    print(f"block size {b:3d}: expected tail {w:5.1f} slots ({w / n:5.1%} of a {n}-token sequence), "
-          f"table {e:2d} entries")
+    print(f"block size {b:3d}: expected tail {w:5.1f} slots "
+          f"({w / n:5.1%} of a {n}-token sequence), table {e:2d} entries")
 at = {b: i for i, b in enumerate(sizes)}
 print(f"16 -> 128: the table gets {entries[at[16]] / entries[at[128]]:.1f}x shorter, "
       f"the expected tail {waste[at[128]] / waste[at[16]]:.1f}x longer")
-print(f"16 -> 8:   the tail shrinks by {100 * (waste[at[16]] - waste[at[8]]) / n:.1f} points of memory, "
-      f"the table gets {entries[at[8]] / entries[at[16]]:.1f}x longer")
-
-fig, left = plt.subplots(figsize=(6.4, 3.6))
-left.bar([str(b) for b in sizes], [100 * w / n for w in waste], color="tab:blue", label="expected tail waste (%)")
-left.set_xlabel("block size (tokens)")
-left.set_ylabel(f"expected waste, % of {n} tokens")
-right = left.twinx()
-right.plot([str(b) for b in sizes], entries, "o-", color="tab:orange", label="block-table entries")
-right.set_ylabel("table entries = kernel lookups per head")
-left.set_title(f"A {n}-token sequence: waste grows with the block, the table shrinks")
-fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.88))
-fig.tight_layout()
-plt.show()
+print(f"16 -> 8:   the tail shrinks by {100 * (waste[at[16]] - waste[at[8]]) / n:.1f} "
+      f"points of memory, the table gets "
+      f"{entries[at[8]] / entries[at[16]]:.1f}x longer")
+plot_block_size_tradeoff(sizes, [100 * w / n for w in waste], entries, n)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_tradeoff_md2", "locked": true, "schema_version": 3, "solution": false}
 # The last two lines of the printout are the trade-off. Going from 16 to 128 shortens the table by the
@@ -438,53 +425,44 @@ prompts = [torch.randint(0, 256, (n,)).tolist() for n in (3, 9, 6, 13, 4)]
 
 
 def fill_pool(allocator_class, num_blocks=24, block_size=4):
-    """Prefill `prompts` through a PagedKVCache whose allocator (of `allocator_class`) hands blocks out in
-    scrambled order; print each table and its largest logit difference from a from-scratch run."""
+    """Prefill `prompts` through a PagedKVCache whose allocator (an `allocator_class`)
+    hands blocks out in scrambled order; print each table and its largest logit
+    difference from a from-scratch run."""
     allocator = allocator_class(num_blocks)
     order = allocator.allocate(num_blocks)
     random.Random(1).shuffle(order)
-    for block in order:                      # scramble the free list, as a long-running server would
+    for block in order:        # scramble the free list, as a long-running server would
         allocator.release(block)
-    cache = PagedKVCache(model.config, num_blocks, block_size=block_size, allocator=allocator)
+    cache = PagedKVCache(model.config, num_blocks, block_size=block_size,
+                         allocator=allocator)
     for seq in range(len(prompts)):
         cache.create(seq)
     cached = cached_step(model, cache, list(range(len(prompts))), prompts)
     fresh = scratch_logits(model, prompts)
     for seq, prompt in enumerate(prompts):
         diff = float((cached[seq] - fresh[seq]).abs().max())
-        print(f"sequence {seq}: {len(prompt):2d} tokens, table {cache.tables[seq]}, max |Δ| vs from scratch {diff:.1e}")
-    print(f"blocks in use {cache.blocks_in_use} of {num_blocks}, tokens {cache.tokens_stored}, "
-          f"utilization {cache.utilization():.1%}")
+        print(f"sequence {seq}: {len(prompt):2d} tokens, table {cache.tables[seq]}, "
+              f"max |Δ| vs from scratch {diff:.1e}")
+    print(f"blocks in use {cache.blocks_in_use} of {num_blocks}, "
+          f"tokens {cache.tokens_stored}, utilization {cache.utilization():.1%}")
     return cache
 
 
-def draw_pool(cache):
-    """One cell per physical block, coloured by the sequence whose table names it (white = free)."""
-    owner = {block: seq for seq, table in cache.tables.items() for block in table}
-    num_blocks = cache.allocator.num_blocks
-    fig, ax = plt.subplots(figsize=(9, 1.4))
-    colours = plt.get_cmap("tab10")
-    for block in range(num_blocks):
-        seq = owner.get(block)
-        ax.add_patch(plt.Rectangle((block, 0), 0.92, 0.9, facecolor=colours(seq) if seq is not None else "white",
-                                   edgecolor="grey"))
-        ax.text(block + 0.46, 0.45, str(block) if seq is None else f"{block}\ns{seq}", ha="center", va="center",
-                fontsize=6)
-    ax.set_xlim(0, num_blocks)
-    ax.set_ylim(0, 1)
-    ax.axis("off")
-    ax.set_title("The pool: physical block id and owning sequence (white = free)", fontsize=9)
-    plt.show()
+def owners(cache):
+    """{physical block: the sequence whose table names it}."""
+    return {block: seq for seq, table in cache.tables.items() for block in table}
 
 
 def free_all(cache):
     for seq in list(cache.tables):
         cache.free(seq)
-    print(f"after freeing everyone: {cache.allocator.num_free} of {cache.allocator.num_blocks} blocks free")
+    allocator = cache.allocator
+    print(f"after freeing everyone: {allocator.num_free} of {allocator.num_blocks} "
+          "blocks free")
 
 
 engine_cache = fill_pool(ReferenceAllocator)
-draw_pool(engine_cache)
+draw_pool(owners(engine_cache), engine_cache.allocator.num_blocks)
 engine_tables = {seq: list(table) for seq, table in engine_cache.tables.items()}
 free_all(engine_cache)
 

@@ -1,0 +1,62 @@
+"""Chapter 2's figures: one sequence's block table, the block-size trade-off, and a pool of blocks
+coloured by owner. The chapter computes what is drawn; these functions only draw it."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+
+
+def draw_block_table(table: Sequence[int], length: int, block_size: int) -> None:
+    """One row per logical block, labelled with its physical block; filled cells hold tokens."""
+    fig, ax = plt.subplots(figsize=(min(1.0 + 0.32 * block_size, 11), 0.45 * len(table) + 0.8))
+    for row, physical in enumerate(table):
+        for col in range(block_size):
+            pos = row * block_size + col
+            filled = pos < length
+            ax.add_patch(plt.Rectangle((col, -row), 0.92, 0.85, edgecolor="tab:blue",
+                                       facecolor="tab:blue" if filled else "white"))
+            if filled and block_size <= 16:
+                ax.text(col + 0.46, -row + 0.42, str(pos), ha="center", va="center", fontsize=7,
+                        color="white")
+        ax.text(-0.3, -row + 0.42, f"logical {row} → block {physical}", ha="right", va="center",
+                fontsize=8)
+    ax.set_xlim(-4.5, block_size + 0.2)
+    ax.set_ylim(-len(table) + 0.7, 1.1)
+    ax.axis("off")
+    tail = len(table) * block_size - length
+    ax.set_title(f"{length} tokens in blocks of {block_size}: {tail} empty slot(s)", fontsize=9)
+    plt.show()
+
+
+def plot_block_size_tradeoff(sizes: Sequence[int], waste_percent: Sequence[float],
+                             entries: Sequence[int], length: int) -> None:
+    """Bars: expected tail waste per block size; line (second axis): block-table entries."""
+    labels = [str(b) for b in sizes]
+    fig, left = plt.subplots(figsize=(6.4, 3.6))
+    left.bar(labels, waste_percent, color="tab:blue", label="expected tail waste (%)")
+    left.set(xlabel="block size (tokens)", ylabel=f"expected waste, % of {length} tokens")
+    right = left.twinx()
+    right.plot(labels, entries, "o-", color="tab:orange", label="block-table entries")
+    right.set_ylabel("table entries = kernel lookups per head")
+    left.set_title(f"A {length}-token sequence: waste grows with the block, the table shrinks")
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.88))
+    fig.tight_layout()
+    plt.show()
+
+
+def draw_pool(owner: Mapping[int, int], num_blocks: int) -> None:
+    """One cell per physical block, coloured by the sequence that owns it (white = free)."""
+    fig, ax = plt.subplots(figsize=(9, 1.4))
+    colours = plt.get_cmap("tab10")
+    for block in range(num_blocks):
+        seq = owner.get(block)
+        ax.add_patch(plt.Rectangle((block, 0), 0.92, 0.9, edgecolor="grey",
+                                   facecolor=colours(seq) if seq is not None else "white"))
+        ax.text(block + 0.46, 0.45, str(block) if seq is None else f"{block}\ns{seq}",
+                ha="center", va="center", fontsize=6)
+    ax.set_xlim(0, num_blocks)
+    ax.set_ylim(0, 1)
+    ax.axis("off")
+    ax.set_title("The pool: physical block id and owning sequence (white = free)", fontsize=9)
+    plt.show()
