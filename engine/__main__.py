@@ -12,6 +12,7 @@ COMMANDS = {
     "bench-alloc": ("engine.demos.bench_alloc", "allocator cost per operation from 1k to 1M blocks"),
     "bench-prefix": ("engine.demos.bench_prefix", "prefix-cache eviction cost per block from 1k to 1M entries"),
     "bench": ("engine.serve.bench", "continuous batching: paged vs static slots under one KV budget"),
+    "bench-peer": ("engine.serve.peer_bench", "the engine against transformers' generate on the same weights"),
 }
 
 

@@ -52,6 +52,8 @@
 # %% nbgrader={"grade": false, "grade_id": "ch07_setup", "locked": true, "schema_version": 3, "solution": false}
 import math
 
+from typing import Iterator
+
 import torch
 
 from engine.cache.paged import PagedKVCache as ReferenceCache   # the engine's

@@ -46,6 +46,8 @@ def broken(tmp_path, old, new, count=1):
      "no method 'decrement' in class Counter"),
     ('# %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false}',
      "# %%", "cell 2: no nbgrader metadata"),
+    ('assert triple(4) == 12', 'assert triple(FOUR) == 12',
+     "cell test_triple uses FOUR, which no cell of the chapter defines or imports"),
 ])
 def test_each_rule_reports_the_broken_cell(tmp_path, old, new, message):
     problems = lint_chapter(broken(tmp_path, old, new))
@@ -57,3 +59,20 @@ def test_lint_command_exits_one_and_prints_problems(tmp_path, capsys):
     path = broken(tmp_path, '"grade_id": "test_reset"', '"grade_id": "test_increment"')
     assert main([str(path)]) == 1
     assert "grade_id also used" in capsys.readouterr().out
+
+
+def test_names_used_by_included_code_must_be_imported(tmp_path):
+    """Code included from a module may use that module's names; the chapter must import them."""
+    fixtures = tmp_path / "tests" / "fixtures"
+    fixtures.mkdir(parents=True)
+    fixtures.joinpath("fixture_lib.py").write_text((FIXTURE_CHAPTER.parents[1] / "fixture_lib.py").read_text())
+    fixtures.joinpath("lib.py").write_text("from math import tau\n\n\ndef turn(x):\n    return tau * x\n")
+    chapter = broken(tmp_path, "fixture_lib.py::triple", "fixture_lib.py::triple")
+    text = chapter.read_text().replace("#| include tests/fixtures/fixture_lib.py::triple",
+                                       "#| include tests/fixtures/lib.py::turn\ntriple = turn")
+    chapter.write_text(text)
+    problems = lint_chapter(chapter, root=tmp_path)
+    assert any("uses tau, which no cell" in problem for problem in problems), problems
+    chapter.write_text(text.replace("import matplotlib.pyplot as plt",
+                                    "import matplotlib.pyplot as plt\nfrom math import tau"))
+    assert not any("uses tau" in problem for problem in lint_chapter(chapter, root=tmp_path))

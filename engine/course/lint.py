@@ -7,6 +7,9 @@ lints every chapter in solutions/.
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
+import symtable
 import sys
 from pathlib import Path
 
@@ -16,11 +19,14 @@ from .paths import chapter_files
 from .source import load_chapter
 
 
-def lint_chapter(path: Path | str) -> list[str]:
-    """Every rule the chapter breaks, one message each ('ch02_x.py cell 4 (grade_id y): ...')."""
+def lint_chapter(path: Path | str, root: Path | None = None) -> list[str]:
+    """Every rule the chapter breaks, one message each ('ch02_x.py cell 4 (grade_id y): ...').
+
+    `root` is where include paths start (default: the repository the chapter is in).
+    """
     path = Path(path)
     try:
-        notebook = load_chapter(path)
+        notebook = load_chapter(path, root)
     except (IncludeError, ValueError, SyntaxError) as error:
         return [f"{path.name}: {error}"]
     problems: list[str] = []
@@ -36,7 +42,71 @@ def lint_chapter(path: Path | str) -> list[str]:
         elif grade_id:
             seen[grade_id] = index
     problems += [f"{path.name}: {message}" for message in _ungraded_exercises(notebook.cells)]
+    problems += [f"{path.name}: {message}" for message in _undefined_names(notebook.cells)]
     return problems
+
+
+def _undefined_names(notebook_cells) -> list[str]:
+    """Names a code cell reads as globals that no cell of the chapter defines or imports.
+
+    Included reference code uses its module's names (an error class, a helper): the chapter must
+    import them, or the learner's copy fails with NameError only when that line first runs.
+    """
+    sources = [_python(cell.source) for cell in notebook_cells if cell.cell_type == "code"]
+    trees = [tree for tree in (_parse(source) for source in sources) if tree is not None]
+    defined = set(dir(builtins)) | {"__name__", "__file__", "get_ipython", "display"}
+    for tree in trees:
+        defined |= _top_level_bindings(tree)
+    problems = []
+    for cell, source in zip([c for c in notebook_cells if c.cell_type == "code"], sources):
+        try:
+            table = symtable.symtable(source, "<cell>", "exec")
+        except SyntaxError:
+            continue
+        missing = sorted(_global_reads(table) - defined)
+        if missing:
+            where = cells.grade_id(cell) or "a code cell"
+            problems.append(f"cell {where} uses {', '.join(missing)}, which no cell of the chapter defines or "
+                            "imports (included code needs its module's names imported in the setup cell)")
+    return problems
+
+
+def _python(source: str) -> str:
+    """A cell's source without IPython magics and shell lines, which are not Python."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def _parse(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None
+
+
+def _top_level_bindings(tree: ast.Module) -> set[str]:
+    """Names a cell binds at module level: imports, definitions, assignments, loop and with targets."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Global):
+            names |= set(node.names)
+    return names
+
+
+def _global_reads(table: symtable.SymbolTable) -> set[str]:
+    """Every name read as a global in a cell (module level and inside its functions and classes)."""
+    reads = set()
+    for symbol in table.get_symbols():
+        if symbol.is_referenced() and (table.get_type() == "module" or symbol.is_global()):
+            reads.add(symbol.get_name())
+    for child in table.get_children():
+        reads |= _global_reads(child)
+    return reads
 
 
 def _cell_problems(cell) -> list[str]:
