@@ -57,3 +57,15 @@ def test_the_offline_book_and_the_browser_tests_are_in_the_pinned_environment():
     assert "export CI=true" in ci and "chromium" in ci and "poppler-utils" in ci
     config = yaml.safe_load((ROOT / "book" / "_config.yml").read_text())
     assert "sphinx-mathjax-offline" in config["sphinx"]["config"]["extensions"]
+
+
+def test_a_browser_test_without_chromium_skips_with_a_hint_and_fails_in_ci(monkeypatch):
+    import fixtures.browser_support as browser_support
+
+    monkeypatch.setattr(browser_support, "chromium_executable", lambda: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install chromium"):
+        browser_support.need_chromium()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        browser_support.need_chromium()
