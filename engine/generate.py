@@ -127,8 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0 = all)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
     parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
-    parser.add_argument("--cache", choices=["none", "static", "paged"], default="paged",
-                        help="none recomputes from scratch each step; static slots; paged blocks of 16")
+    parser.add_argument("--cache", choices=["none", "static", "paged", "int8"], default="paged",
+                        help="none recomputes from scratch each step; static slots; paged blocks of 16; "
+                             "int8: paged blocks of int8 codes with a scale per block and KV head")
 
 
 def check_limits(prompts: list[list[int]], max_tokens: int, context: int) -> None:
@@ -171,8 +172,10 @@ def main(args: argparse.Namespace) -> int:
     cache = None
     if args.cache == "static":
         cache = StaticKVCache(model.config, len(prompts), longest, dtype)
-    elif args.cache == "paged":
-        cache = PagedKVCache(model.config, len(prompts) * blocks_needed(longest, 16), 16, dtype)
+    elif args.cache in ("paged", "int8"):
+        from engine.cache.quantized import QuantizedPagedKVCache
+        kind = PagedKVCache if args.cache == "paged" else QuantizedPagedKVCache
+        cache = kind(model.config, len(prompts) * blocks_needed(longest, 16), 16, dtype)
     for prompt, out in zip(args.prompt, generate(model, prompts, params, cache)):
         shown = prompt.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
         print(f"{shown!r} -> {tokenizer.decode(out.tokens)!r} ({out.finish_reason}, {len(out.tokens)} tokens)")
