@@ -3,7 +3,10 @@
 The book never executes anything itself (execute_notebooks: off). This script runs every chapter with
 the full solution, then, for the learner edition, puts back nbgrader's stubs in place of each solution
 region (and drops hidden tests), keeping the outputs: every figure comes from the reference solution,
-no solution text reaches the page. `--instructor` keeps the solutions (book/_build/instructor-html).
+no solution text reaches the page. `--instructor` keeps the solutions and heads each written answer as
+its rubric (book/_build/instructor-html). `--pdf` prints the learner edition, built as one page, with
+the system's Chromium (book/_build/pdf/book.pdf). Explorers are precomputed while the chapter runs
+(engine/course/widgets.py), and MathJax ships inside the book (book/_config.yml): nothing needs a network.
 """
 from __future__ import annotations
 
