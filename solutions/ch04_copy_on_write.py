@@ -47,7 +47,6 @@
 import math
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import torch
 
 import engine.cache.paged
@@ -56,6 +55,7 @@ from engine.cache.slots import blocks_needed
 from engine.checkpoint import tiny_model
 from engine.checks import ch04
 from engine.config import ModelConfig
+from engine.course.figures import ch04 as figures
 from engine.course.widgets import explorer
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams, sample
@@ -210,25 +210,6 @@ def describe(cache, seqs):
     print(f"  blocks in use: {cache.blocks_in_use}")
 
 
-def draw_tables(cache, seqs, title):
-    fig, ax = plt.subplots(figsize=(5.5, 0.5 * len(seqs) + 0.8))
-    for row, seq in enumerate(seqs):
-        for col, block in enumerate(cache.tables[seq]):
-            shared_block = cache.allocator.refcount(block) > 1
-            ax.add_patch(plt.Rectangle((col, -row), 0.9, 0.8, edgecolor="black",
-                                       facecolor="tab:orange" if shared_block
-                                       else "tab:blue"))
-            ax.text(col + 0.45, -row + 0.4, f"{block}", ha="center", va="center",
-                    color="white", fontsize=8)
-        ax.text(-0.2, -row + 0.4, f"seq {seq}", ha="right", va="center", fontsize=8)
-    width = max(len(cache.tables[s]) for s in seqs)
-    ax.set_xlim(-1.5, width + 0.2)
-    ax.set_ylim(-len(seqs) + 0.6, 1.2)
-    ax.axis("off")
-    ax.set_title(title, fontsize=9)
-    plt.show()
-
-
 def sharing(cache, seqs):
     """Sharing, whatever the block ids: each table's refcounts, the blocks in use."""
     counts = [[cache.allocator.refcount(b) for b in cache.tables[seq]] for seq in seqs]
@@ -267,7 +248,7 @@ def fork_walk(cache_class):
 
 
 cache = fork_walk(ReferenceCache)
-draw_tables(cache, [0] + children,
+figures.draw_tables(cache, [0] + children,
             "physical blocks per table: orange = shared, blue = private")
 engine_sharing = sharing(cache, [0] + children)
 
@@ -324,16 +305,8 @@ print(f"after 1 token: {with_sharing[1]} blocks shared vs {without[1]} unshared;
       f"after 100 tokens: {with_sharing[100]} vs {without[100]} "
       f"(gap {without[100] - with_sharing[100]} blocks "
       f"= {n - 1} extra copies of the prompt's {L // b} full blocks)")
-fig, ax = plt.subplots(figsize=(6.4, 3.4))
-ax.step(steps, without, where="post", label=f"{n} independent copies", color="tab:red")
-ax.step(steps, with_sharing, where="post", label=f"{n} forks, copy-on-write",
-        color="tab:blue")
-ax.set_xlabel("tokens generated per sample")
-ax.set_ylabel(f"blocks of {b} in use")
-ax.set_title(f"{n} samples of a {L}-token prompt")
-ax.legend()
-fig.tight_layout()
-plt.show()
+figures.plot_blocks_in_use(steps, without, with_sharing, samples=n, prompt_len=L,
+                           block_size=b)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_yours_count_md", "locked": true, "schema_version": 3, "solution": false}
 # **With your code: your formula.** This cell needs your `shared_blocks` (Exercise 4.2); until you have
@@ -367,11 +340,11 @@ def explore_fork(prompt_len=40, samples=4, generated=1, block_size=16):
     print(f"prompt {prompt_len}, {samples} samples, {generated} token(s) each, "
           f"blocks of {block_size}: {sim.blocks_in_use} blocks in use vs {unshared} "
           "without sharing")
-    draw_tables(sim, list(range(samples)), "orange = shared, blue = private")
+    figures.draw_tables(sim, list(range(samples)), "orange = shared, blue = private")
 
 
 # Every state precomputed, swapped in the browser (engine/course/widgets.py).
-explorer(explore_fork, prompt_len=([16, 32, 40, 64], 40), samples=([2, 4, 8], 4),
+explorer(explore_fork, prompt_len=([16, 40, 64], 40), samples=([2, 4], 4),
          generated=([0, 1, 9], 1), block_size=([4, 16, 64], 16))
 
 
