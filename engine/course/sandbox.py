@@ -36,7 +36,7 @@ class Limits:
     memory_mb: int = 6144        # address space per process (torch alone maps ~2 GB)
     cpu_seconds: int = 900       # CPU time per process
     file_mb: int = 256           # largest file it may write
-    processes: int = 64          # processes and threads at once (pids cgroup)
+    processes: int = 128         # processes and threads at once (pids cgroup)
 
 
 @functools.lru_cache(maxsize=None)
