@@ -119,10 +119,13 @@ class Qwen3Model(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     @torch.inference_mode()
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache=None,
+                only: torch.Tensor | None = None) -> torch.Tensor:
         """token_ids, positions [B, T] (position -1 = padding) -> logits [B, T, vocab] in float32.
 
         Without a cache every row must be a whole sequence: positions 0, 1, 2, ... then padding.
+        `only` [B] (a column per row) asks for just those logits, [B, vocab]: a server samples from
+        each row's last token, and the vocabulary projection of the others is wasted work.
         """
         if token_ids.shape != positions.shape or token_ids.dim() != 2:
             raise ValueError(f"token_ids {tuple(token_ids.shape)} and positions {tuple(positions.shape)} "
@@ -134,6 +137,8 @@ class Qwen3Model(nn.Module):
         rope = rope_angles(positions, self.config.head_dim, self.config.rope_theta)
         for layer in self.layers:
             x = layer(x, positions, cache, rope)
+        if only is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), only]
         return self.lm_head(self.norm(x)).float()
 
 

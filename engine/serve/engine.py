@@ -43,9 +43,8 @@ class ModelRunner:
         """Append rows[b] to sequence seq_ids[b] at positions starts[b]...; logits [B, vocab]."""
         self.cache.set_batch(seq_ids)
         token_ids, positions = pack(rows, starts, model_device(self.model))
-        logits = self.model(token_ids, positions, self.cache)
-        last = torch.tensor([len(r) - 1 for r in rows], device=logits.device)
-        return logits[torch.arange(len(rows), device=logits.device), last]
+        last = torch.tensor([len(r) - 1 for r in rows], device=token_ids.device)
+        return self.model(token_ids, positions, self.cache, only=last)
 
     def execute(self, chunks: list[Chunk]) -> tuple[torch.Tensor, float | None]:
         """One engine step's forward. The second value is a modelled duration (None: measure it).
