@@ -21,6 +21,17 @@ CHAPTERS = {chapter.stem: chapter for chapter in real_chapters()}
 # chapter -> (solution cell, text to change, the bug, the tests of that exercise): an off-by-one a
 # learner could make. (ch04's parallel-sampling test sits after shared_blocks but checks the cache.)
 PLANTED = {
+    "ch01_kv_cache": ("ch01_kv_bytes_per_token", "return 2 * config.num_layers", "return config.num_layers",
+                      {"ch01_test_kv_bytes_per_token"}),
+    "ch03_paged_cache": ("ch03_free", "for block in self.table(seq):", "for block in self.table(seq)[1:]:",
+                         {"ch03_test_free", "ch03_test_engine"}),
+    "ch05_prefix_caching": ("ch05_attach", "        self.hits -= reused > 0\n", "", {"ch05_test_attach"}),
+    "ch07_continuous_batching": ("ch07_preempt", "seq.num_computed = 0", "seq.num_computed = seq.num_computed",
+                                 {"ch07_test_preempt"}),
+    "ch08_beyond_the_paper": ("ch08_kv_bytes",
+                              'return layers * (hf["kv_lora_rank"] + hf["qk_rope_head_dim"]) * dtype_bytes',
+                              'return 2 * layers * (hf["kv_lora_rank"] + hf["qk_rope_head_dim"]) * dtype_bytes',
+                              {"ch08_test_kv_bytes"}),
     "ch02_block_tables": ("ch02_paged_utilization", "-(-n // block_size)", "(n // block_size)",
                           {"ch02_test_paged_utilization"}),
     "ch04_copy_on_write": ("ch04_shared_blocks", "full = prompt_len // block_size",

@@ -115,6 +115,13 @@ class ContiguousKVCache:
         """Tokens stored for seq."""
         return self.lengths[seq]
 
+    def set_length(self, seq: int, length: int) -> None:
+        """Record that seq's first `length` positions hold K/V written without update (a simulation)."""
+        if not 0 <= length <= self.regions[seq][1]:
+            raise ValueError(f"sequence {seq}: length {length} is outside its region of "
+                             f"{self.regions[seq][1]} slots")
+        self.lengths[seq] = length
+
     def reserved(self, seq: int) -> int:
         """Slots reserved for seq (its region's size)."""
         return self.regions[seq][1]

@@ -20,7 +20,7 @@ def kv_footprint(cache, seq_ids) -> tuple[int, int, int]:
     live = sum(cache.length(s) for s in seq_ids)
     if hasattr(cache, "allocator"):
         size = cache.block_size
-        reserved = sum(len(cache.tables[s]) for s in seq_ids) * size
+        reserved = sum(len(cache.table(s)) for s in seq_ids) * size
         return live, reserved, cache.allocator.num_blocks * size
     if hasattr(cache, "reserved"):                     # variable-size contiguous regions
         return live, sum(cache.reserved(s) for s in seq_ids), cache.pool_tokens

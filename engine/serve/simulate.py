@@ -144,7 +144,7 @@ class SimulatedRunner:
     def execute(self, chunks) -> tuple[torch.Tensor, float]:
         """No forward: zero logits (greedy picks token 0) and the modelled duration of the step."""
         for c in chunks:                                # what the last layer's update() would commit
-            self.cache.lengths[c.seq.seq_id] = c.start + c.count
+            self.cache.set_length(c.seq.seq_id, c.start + c.count)
         rows = [(c.start, c.count, c.start + c.count == len(c.seq.tokens)) for c in chunks]
         seconds, bound = self.roofline.step_seconds(rows, with_bound=True)
         self.seconds[bound] += seconds
