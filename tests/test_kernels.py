@@ -356,13 +356,16 @@ def test_dispatch_routes_decode_and_prefill():
             assert_close(out, expected, torch.float32, rows=pos >= 0)
 
 
-def test_auto_backend_uses_torch_on_cpu_and_rejects_unknown_names():
-    """On CPU tensors "auto" is the torch reference, bit for bit; a typo in the backend is an error."""
+def test_auto_backend_uses_sdpa_on_cpu_and_rejects_unknown_names():
+    """On CPU tensors "auto" is the fused SDPA path, bit for bit, and within 1e-6 of the torch reference;
+    a typo in the backend is an error."""
     k_pool, v_pool, tables, kv_lens = make_pool([10, 3])
     k_pool, v_pool, tables, kv_lens = k_pool.cpu(), v_pool.cpu(), tables.cpu(), kv_lens.cpu()
     q = make_queries(2, 4, 1, 32, torch.float32).cpu()
     args = (q, k_pool, v_pool, tables, decode_positions(kv_lens), kv_lens)
-    torch.testing.assert_close(paged_attention(*args), paged_attention_reference(*args), atol=0, rtol=0)
+    auto = paged_attention(*args)
+    torch.testing.assert_close(auto, paged_attention(*args, backend="sdpa"), atol=0, rtol=0)
+    torch.testing.assert_close(auto, paged_attention_reference(*args), atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="backend must be one of"):
         paged_attention(*args, backend="cuda")
 

@@ -546,11 +546,16 @@ def decode_mib(context: int = 4096, layers: int = 28, kv_heads: int = 8, head_di
     return 2 * context * layers * kv_heads * head_dim * bytes_per_value / 2**20
 
 
+def _answered(answer, question: str, name: str) -> None:
+    if answer is None:
+        fail(f"{question} is not implemented yet: set {name} in the cell above to your answer "
+             "(it is still None)")
+
+
 @check
 def check_answer_decode_bytes(answer) -> None:
     """Q1: MiB of K/V one decode step reads for a 4,096-token sequence in Qwen3-0.6B (fp16)."""
-    if answer is None:
-        raise NotImplementedError
+    _answered(answer, "Q1", "q1_mib")
     want = decode_mib()
     if not isinstance(answer, (int, float)) or abs(answer - want) > 0.01 * want:
         halves = {want / 2: "that is K alone (or V alone): a step reads both",
@@ -567,8 +572,7 @@ def check_answer_decode_bytes(answer) -> None:
 @check
 def check_answer_kv_head(answer) -> None:
     """Q2: which KV head does query head 37 of Llama-3-70B (64 query heads, 8 KV heads) read?"""
-    if answer is None:
-        raise NotImplementedError
+    _answered(answer, "Q2", "q2_kv_head")
     if answer != 37 // 8:
         hint = ("37 % 8 = 5 spreads neighbouring heads over different KV heads; the group of query "
                 "heads sharing a KV head is contiguous" if answer == 37 % 8 else "group = 64 // 8; h // group")
@@ -579,8 +583,7 @@ def check_answer_kv_head(answer) -> None:
 @check
 def check_answer_loads(answer) -> None:
     """Q3: (loads per key per step by the per-head kernel, by the grouped kernel) for group size 4."""
-    if answer is None:
-        raise NotImplementedError
+    _answered(answer, "Q3", "q3_loads")
     got = tuple(answer) if isinstance(answer, (tuple, list)) else answer
     if got != (4, 1):
         fail("Q3, (per-head kernel, grouped kernel) loads of each cached key per step, group 4", (4, 1), got,
