@@ -35,8 +35,9 @@
 #    masked tail, grouped-query heads and an online softmax in float32 (Exercise 6.2);
 # 3. as a graded stretch, the **log-sum-exp merge** of split-K decoding (Exercise 6.3).
 #
-# The milestone check plugs your kernel into the engine's paged cache, runs the tiny Qwen3 model
-# through 20 decode steps of a ragged batch, and compares every logit with a from-scratch run.
+# The milestone check plugs your kernel into the engine's paged cache, runs a one-layer cut of the
+# course's tiny Qwen3 model through 20 decode steps of a ragged batch, and compares every logit
+# with a from-scratch run.
 #
 # **Which cells need your code.** Figures, the explorer and the demos use the engine's kernels, so they
 # run before you have written anything. Cells under a heading that starts with **With your code** run
