@@ -202,23 +202,39 @@ ch07.check_admit(Admission)
 #   queue it in `self.swapped`. `resume` (the engine's) brings it back when its blocks fit again.
 #
 # Which is cheaper? Recompute costs a prefill of every token the victim has, swap costs moving its
-# K/V over the host link twice. The next cell puts numbers on both for Llama-2-13B on an A100-40GB.
+# K/V over the host link twice. The next cell puts numbers on both for Llama-2-13B on an A100-40GB,
+# pricing the prefill two ways: as a step of its own, and as the time it adds to a step that runs
+# anyway, 16 decodes of sequences with 500-token histories.
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_costs", "locked": true, "schema_version": 3, "solution": false}
 link = simulate.GPUS["A100-40GB"].host_gbps * 1e9
+decodes = [(500, 1, True)] * 16        # (start, new tokens, samples?) per row
+base = roofline.step_seconds(decodes)
 print(f"Llama-2-13B: {roofline.kv_bytes_per_token / KiB:.0f} KiB of KV per token; "
       f"host link {link / 1e9:.0f} GB/s each way")
+print(f"{'victim':>13s} {'swap out + in':>13s} {'prefill alone':>13s} "
+      f"{'prefill added to 16 decodes':>28s}")
 for tokens in (64, 256, 1024, 2048):
     swap_ms = 2 * tokens * roofline.kv_bytes_per_token / link * 1e3
-    prefill_ms = roofline.step_seconds([(0, tokens, True)]) * 1e3
-    print(f"  victim of {tokens:5d} tokens: swap out + in {swap_ms:6.1f} ms, "
-          f"recompute (one prefill) {prefill_ms:6.1f} ms")
+    alone_ms = roofline.step_seconds([(0, tokens, True)]) * 1e3
+    added_ms = (roofline.step_seconds(decodes + [(0, tokens, True)]) - base) * 1e3
+    print(f"{tokens:6d} tokens {swap_ms:10.1f} ms {alone_ms:10.1f} ms "
+          f"{added_ms:25.1f} ms")
+print(f"engine default: preemption={config.preemption!r}, "
+      f"swap_min_tokens={config.swap_min_tokens}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_costs2_md", "locked": true, "schema_version": 3, "solution": false}
-# A short victim is cheaper to recompute: its prefill is dominated by reading the weights once, which
-# costs the same for 1 token or 64. A long one favours swap, whose cost grows with its bytes only. So
-# the engine's default `preemption="auto"` swaps victims of at least `swap_min_tokens` (128) and
-# recomputes shorter ones; vLLM recomputes by default, which also needs no host memory at all.
+# As a step of its own, a prefill is dominated by reading the weights once, which costs the same
+# for 1 token or 64, and swap looks cheaper at every length. But a recomputed victim is prefilled
+# inside a step that runs anyway: added to 16 decodes, a short victim's prefill costs almost nothing,
+# because that step reads the weights regardless and has compute to spare, while its swap still
+# moves every byte twice. A long victim makes the step compute-bound, so its prefill costs FLOPs that
+# grow with its length (and attention with its square), and swap, whose cost grows with the bytes
+# only, catches up and then wins. So short victims favour recompute and long ones swap, and where
+# the two meet depends on the model, the GPU and what else runs. The engine's default
+# `preemption="auto"` swaps victims with at least `swap_min_tokens` computed tokens (printed above)
+# and recomputes shorter ones; the threshold is a knob (see Going deeper). vLLM recomputes by
+# default, which also needs no host memory at all.
 #
 # ### Exercise 7.2 — `reserve_or_preempt`, `choose_victim`, `preempt` (2 + 4 + 3 points)
 #
@@ -423,7 +439,9 @@ figures.plot_fill_and_batch(sim_metrics, "SIMULATION: Llama-2-13B / A100-40GB")
 # decode step. The cell prices a step of $B$ sequences of 500 tokens each on the same roofline and
 # prints the two kinds of bytes it reads. While the weights are most of them, adding a sequence adds
 # only its own KV reads, and tokens/s grow almost as fast as $B$. Once KV reads rival the weights,
-# each extra sequence makes every step slower, and the curve bends away from perfect scaling. Three things turn concurrency into little or no throughput (the verdicts of
+# each extra sequence makes every step slower, and the curve bends away from perfect scaling.
+#
+# Three things turn concurrency into little or no throughput (the verdicts of
 # `engine/serve/README.md`): steps that are **compute-bound** (big prefill chunks, or a GPU with few
 # FLOPs per byte), **KV reads dominating** the bytes (small weights, GQA models whose pools hold
 # hundreds of sequences), and **preemption churn**. The paper's setting, a 13B model without GQA on a
@@ -506,8 +524,9 @@ ch07.check_review_swap_ms(r3_answer)
 # requests, so it cannot be overtaken indefinitely.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_q5_md", "locked": true, "schema_version": 3, "solution": false}
-# **Q5 (2 points).** Paging lets a server run about 3x as many sequences in the same KV memory. Give
-# two situations in which that brings little or no extra tokens per second, and say why.
+# **Q5 (2 points).** Paging lets a server run several times as many sequences in the same KV memory
+# (section 7.7 printed the ratio). Give two situations in which that brings little or no extra
+# tokens per second, and say why.
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "ch07_q5", "locked": false, "points": 2, "schema_version": 3, "solution": true}
 # Rubric: one point each for two of: (a) compute-bound steps (large prefill chunks, all prompts at
@@ -526,9 +545,11 @@ ch07.check_review_swap_ms(r3_answer)
 # * **vLLM V1's unified scheduler** schedules every request's tokens in one budget each step
 #   (no separate prefill and decode phases) and preempts by recompute only; compare its
 #   `schedule()` with this engine's three-phase loop.
-# * **Swap cost in the loop.** Run `python -m engine bench --simulate llama-2-13b --gpu A100-40GB
-#   --workload sharegpt` with `--kinds max paged` and read the swapping fraction it reports; then
-#   lower `swap_min_tokens` and watch recompute take over.
+# * **Swap or recompute, in the loop.** Run `python -m engine bench --simulate llama-2-13b --gpu
+#   A100-40GB --workload sharegpt --kinds max paged` and read how the paged run's preemptions split
+#   between the two modes; then raise `swap_min_tokens` in `SchedulerConfig`
+#   (`engine/serve/batch.py`) and watch recompute take over, or set `preemption="recompute"`,
+#   vLLM's choice, and compare tokens/s.
 # * **Chunked prefill and latency.** Vary `max_batched_tokens`: small budgets keep decodes flowing
 #   (low inter-token latency) at the price of a longer time to first token (Sarathi-Serve,
 #   Agrawal et al., OSDI 2024).

@@ -45,7 +45,7 @@ import torch
 
 import engine.cache.quantized
 from engine.cache.paged import PagedKVCache
-from engine.cache.quantized import QMAX, SCALE_FLOOR  # noqa: F401  (your methods use them)
+from engine.cache.quantized import QMAX, SCALE_FLOOR  # noqa: F401  (for your code)
 from engine.cache.quantized import kv_bytes_per_token
 from engine.cache.quantized import QuantizedPagedKVCache as ReferenceInt8Cache
 from engine.checks import ch08, tiny
@@ -79,7 +79,8 @@ for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b"):
     int8 = kv_bytes_per_token(config, "int8", 16)
     scales = int8 - fp16 / 2
     print(f"{name:12s} fp16 {fp16 / KiB:4.0f} KiB/token  int8 {int8 / KiB:7.2f} "
-          f"KiB/token ({int8 / fp16:.2%} of fp16; scales {scales:.0f} B/token)")
+          f"KiB/token ({int8 / fp16:.2%} of fp16; scales {scales:.0f} B/token, "
+          f"{scales / int8:.2%} of int8)")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_idea_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 8.2 The idea: one scale per block per KV head
@@ -233,10 +234,10 @@ ch08.check_copy_on_write_carries_scales(QuantizedPagedKVCache)
 # ### The milestone: int8 blocks in the engine
 #
 # Quantized logits cannot equal the fp32 ones to $10^{-5}$; the question is how far they may move.
-# The checks allow `INT8_ATOL` (printed below) on the tiny model, whose logits are of magnitude about
-# 3: well above what the engine's int8 cache reaches on these runs (each check prints its worst
-# difference), and far below the damage of a scale fixed at the first token, with later tokens
-# clamped. They add what quantization must never break: a block another sequence reads stays *bit
+# The checks allow `INT8_ATOL` (printed below) on the tiny model: well above what the engine's int8
+# cache reaches on these runs (each check prints its worst difference), small beside the logits
+# themselves (the **With your code** cell after the checks prints their size), and far below the
+# damage of a scale fixed at the first token, with later tokens clamped. They add what quantization must never break: a block another sequence reads stays *bit
 # for bit* the same.
 #
 # The first check forks a sequence in the middle of a block and lets the child write (its copy of the
@@ -259,11 +260,14 @@ ch08.check_int8_logits(QuantizedPagedKVCache, block_size=8, seed=1)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_yours_md", "locked": true, "schema_version": 3, "solution": false}
 # **With your code: how far int8 moves the logits.** This cell needs Exercise 8.1. It prefills a
 # 40-token prompt through your cache and through the engine's fp32 `PagedKVCache`, and prints the
-# largest logit difference of each from a from-scratch run, and whether the greedy next tokens agree.
+# size of the logits, the largest logit difference of each cache from a from-scratch run, and whether
+# the greedy next tokens agree.
 
 # %% nbgrader={"grade": false, "grade_id": "ch08_yours", "locked": true, "schema_version": 3, "solution": false}
 prompt = seeded_tokens(40, seed=8)
 want = scratch_logits(model, [prompt])[0]
+print(f"the from-scratch logits: largest |x| {float(want.abs().max()):.1f}, "
+      f"standard deviation {float(want.std()):.1f}")
 for label, cache in (("fp32 PagedKVCache", PagedKVCache(model.config, 4, 16)),
                      ("your int8 cache", QuantizedPagedKVCache(model.config, 4, 16))):
     cache.create(0)
@@ -276,7 +280,8 @@ for label, cache in (("fp32 PagedKVCache", PagedKVCache(model.config, 4, 16)),
 # ## 8.5 What int8 buys
 #
 # **Bytes, measured.** The first line measures bytes per token slot from the tensors of the engine's
-# caches on the tiny model (whose head_dim of 16 makes the scales' share larger than on real models).
+# caches on the tiny model (whose small head_dim, printed, makes the scales' share larger than on
+# real models).
 #
 # **Capacity, simulated.** The serving simulator of `engine/serve` (chapter 7) runs the real scheduler,
 # allocator and paged cache against a roofline clock. The cell gives it the KV budget an A100-40GB
@@ -291,8 +296,9 @@ fp16_cache = PagedKVCache(model.config, 8, 16, dtype=torch.float16)
 fp16_pools = fp16_cache.k_pools + fp16_cache.v_pools
 fp16_per_slot = sum(p.numel() * p.element_size() for p in fp16_pools) / (8 * 16)
 int8_per_slot = ReferenceInt8Cache(model.config, 8, 16).bytes_per_token()
-print(f"tiny model, measured: fp16 {fp16_per_slot:.0f} B/token, int8 "
-      f"{int8_per_slot:.0f} B/token ({int8_per_slot / fp16_per_slot:.1%})")
+print(f"tiny model (head_dim {model.config.head_dim}), measured: fp16 "
+      f"{fp16_per_slot:.0f} B/token, int8 {int8_per_slot:.0f} B/token "
+      f"({int8_per_slot / fp16_per_slot:.1%})")
 requests = 160
 runs = [simulated_capacity("llama-2-13b", "A100-40GB", kv, requests=requests)
         for kv in ("fp16", "int8")]
@@ -337,9 +343,10 @@ plot_capacity(runs, "SIMULATED (roofline): Llama-2-13B on an A100-40GB, same KV 
 # Llama-3-70B's 8 KV heads of 128. The paging mechanism does not care what a block holds; the
 # arithmetic of the previous chapters does.
 #
-# ### Exercise 8.2 — `kv_bytes_per_token(hf, dtype_bytes=2)` (3 points)
+# ### Exercise 8.2 — `kv_bytes_per_token_hf(hf, dtype_bytes=2)` (3 points)
 #
-# Write a function that takes a `config.json` as a dict and returns the KV bytes of one token:
+# Write `kv_bytes_per_token_hf(hf, dtype_bytes=2)`: it takes a `config.json` as a dict and the bytes
+# of one stored number, and returns the KV bytes of one token:
 #
 # * if the dict has `"kv_lora_rank"`, it is MLA: use the formula above;
 # * otherwise GQA/MHA: `2 * num_hidden_layers * kv_heads * head_dim * dtype_bytes`, where `kv_heads`
@@ -376,7 +383,8 @@ for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b", "qwen3-0.6b", "deepseek
     hf = load_hf(name)
     yours = [kv_bytes_per_token_hf(hf, b) for b in (2, 1)]
     engine_says = [kv_bytes_reference(hf, b) for b in (2, 1)]
-    print(f"{name:12s} bf16 {yours[0] / KiB:6.1f} KiB/token, 8-bit {yours[1] / KiB:6.1f} "
+    print(f"{name:12s} bf16 {yours[0] / KiB:6.1f} KiB/token, "
+          f"8-bit {yours[1] / KiB:6.1f} "
           f"KiB/token; the engine's reference agrees: {yours == engine_says}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_tradeoff_md", "locked": true, "schema_version": 3, "solution": false}

@@ -133,6 +133,23 @@ class AdmitWithoutRoomCheck(Scheduler):
         return count
 
 
+class AdmitCountsCachedTokens(Scheduler):
+    """Asks room for the whole prompt, the blocks attach already shared included."""
+
+    def admit(self, seq, budget):
+        reused = self.attach(seq)
+        need = self.cache.blocks_wanted(seq.seq_id, len(seq.tokens)) + self.margin()
+        if not self.make_room(need):
+            self.detach(seq)
+            return 0
+        seq.num_computed = seq.cached_tokens = reused
+        count = min(seq.num_pending, budget)
+        self.cache.reserve(seq.seq_id, count)
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        return count
+
+
 class OldestVictim(Scheduler):
     def choose_victim(self, scheduled):
         return next(s for s in self.running if s.seq_id not in scheduled)
@@ -153,6 +170,33 @@ class SwapOutKeepsBlocks(PagedKVCache):
         for block in table:
             self.allocator.share(block)
         return super().swap_out(seq)
+
+
+class SwapInKeepsSavedCopy(PagedKVCache):
+    """Restores the blocks but leaves the sequence listed as swapped out."""
+
+    def swap_in(self, seq):
+        saved = self.swapped[seq]
+        moved = super().swap_in(seq)
+        self.swapped[seq] = saved
+        return moved
+
+
+class SwapInWithoutKeyError(PagedKVCache):
+    """Returns 0 for a sequence that is not swapped out instead of raising."""
+
+    def swap_in(self, seq):
+        return super().swap_in(seq) if seq in self.swapped else 0
+
+
+class ForkStartsFromZero(Scheduler):
+    """Children forget that the prompt is already in the shared blocks."""
+
+    def fork_samples(self, seq, new_ids):
+        children = super().fork_samples(seq, new_ids)
+        for child in children:
+            child.num_computed = 0
+        return children
 
 
 class ForkSharesSeed(Scheduler):
@@ -182,11 +226,15 @@ class ForkAliasesTokens(Scheduler):
                                                "cache.reserve"]),
     (serving(AdmitWithoutReserving), None, ["admission without reserving", "out of blocks mid-step"]),
     (ch07.check_admit, AdmitWithoutRoomCheck, ["margin 2 blocks", "expected 0", "margin()"]),
+    (ch07.check_admit, AdmitCountsCachedTokens, ["first 12 tokens are cached", "len(seq.tokens) - reused"]),
     (ch07.check_choose_victim, OldestVictim, ["picked id", "oldest request was preempted"]),
     (ch07.check_reserve_or_preempt, OldestVictim, ["oldest request was preempted"]),
     (ch07.check_swap, SwapInWrongOrder, ["saved from logical block 0", "wrong order"]),
     (serving(Scheduler, SwapInWrongOrder), None, ["from-scratch run", "wrong order"]),
     (ch07.check_swap, SwapOutKeepsBlocks, ["after swap_out(0)", "release every block"]),
+    (ch07.check_swap, SwapInKeepsSavedCopy, ["still in cache.swapped", "del self.swapped[seq]"]),
+    (ch07.check_swap, SwapInWithoutKeyError, ["expected KeyError", "not swapped out"]),
+    (ch07.check_parallel_sampling, ForkStartsFromZero, ["num_computed", "child.num_computed = seq.num_computed"]),
     (ch07.check_parallel_sampling, ForkSharesSeed, ["compared with a solo run with seed 101",
                                                     "it drew what seed 100 draws", "request.seed + i"]),
     (ch07.check_parallel_sampling, ForkAliasesTokens, ["the parent's list itself", "list(seq.tokens)"]),

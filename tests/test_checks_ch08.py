@@ -108,6 +108,32 @@ class RescalesOtherBlocks(QuantizedPagedKVCache):
         scales[others] = scales[others] * 0.5
 
 
+class FreshPerWrite(QuantizedPagedKVCache):
+    """Decides "fresh block" once per write (its first row at offset 0), not per block."""
+
+    def quantize_into(self, pool, scales, blocks, offsets, rows):
+        for block in torch.unique(blocks).tolist():
+            mine = blocks == block
+            old = scales[block].clone() if int(offsets[0]) > 0 else torch.zeros_like(scales[block])
+            new = torch.maximum(old, rows[mine].abs().amax(dim=(0, 2)) / QMAX).clamp(min=SCALE_FLOOR)
+            pool[block] = torch.round(pool[block].float() * (old / new)[:, None, None]).to(pool.dtype)
+            scales[block] = new
+            codes = torch.round(rows[mine] / new[None, :, None]).clamp(-QMAX, QMAX)
+            pool[block, :, offsets[mine]] = codes.to(pool.dtype).transpose(0, 1)
+
+
+class RowByRow(QuantizedPagedKVCache):
+    """Quantizes one row at a time, growing the scale (and re-rounding) row by row."""
+
+    def quantize_into(self, pool, scales, blocks, offsets, rows):
+        for block, offset, row in zip(blocks.tolist(), offsets.tolist(), rows):
+            old = scales[block].clone() if offset > 0 else torch.zeros_like(scales[block])
+            new = torch.maximum(old, row.abs().amax(dim=-1) / QMAX).clamp(min=SCALE_FLOOR)
+            pool[block] = torch.round(pool[block].float() * (old / new)[:, None, None]).to(pool.dtype)
+            scales[block] = new
+            pool[block, :, offset] = torch.round(row / new[:, None]).clamp(-QMAX, QMAX).to(pool.dtype)
+
+
 # ---- planted bugs in dequantize ------------------------------------------------------------------
 
 class ForgetsTheScale(QuantizedPagedKVCache):
@@ -162,6 +188,9 @@ class WritesIntoTheSharedBlock(QuantizedPagedKVCache):
     (ch08.check_quantize_on_write, Divides128, ["127"]),
     (ch08.check_quantize_on_write, ScaleShrinks, ["must still cover the 2 tokens already stored"]),
     (ch08.check_quantize_on_write, RescalesOtherBlocks, ["was not written", "another sequence may be reading"]),
+    (ch08.check_quantize_on_write, FreshPerWrite, ["fresh block 5", "decide per block"]),
+    (ch08.check_int8_logits, FreshPerWrite, ["from-scratch run", "decide per block"]),
+    (ch08.check_quantize_on_write, RowByRow, ["one step off", "one at a time"]),
     (ch08.check_dequantize_on_read, ForgetsTheScale, ["raw codes", "multiply each code by its block's scale"]),
     (ch08.check_dequantize_on_read, ScaleByPosition, ["by position in `blocks`", "scales[blocks]"]),
     (ch08.check_dequantize_on_read, OneScaleAcrossHeads, ["each KV head has its own scale"]),
@@ -188,7 +217,7 @@ def test_bug_is_caught(check, bug, words):
 
 @pytest.mark.parametrize("bug", [NoRounding, ClampAtFirstScale, GrowWithoutRequantize, KeepsPreviousOwnersScale,
                                  OneScalePerBlock, OneScaleForThePool, Divides128, ScaleShrinks,
-                                 RescalesOtherBlocks], ids=lambda b: b.__name__)
+                                 RescalesOtherBlocks, FreshPerWrite, RowByRow], ids=lambda b: b.__name__)
 def test_a_quantize_bug_leaves_the_other_exercises_passing(bug):
     ch08.check_dequantize_on_read(bug)
     ch08.check_copy_on_write_carries_scales(bug)

@@ -12,7 +12,7 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
-from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.checks import ATOL, check, compare_logits, expect_equal, expect_raises, fail, passed, tiny
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -131,7 +131,12 @@ def check_admit(cls) -> None:
     seq = _sequence(1, shared + [9, 9, 9])
     sched.add(seq)
     got = sched.admit(seq, 64)
-    expect_equal(got, 3, "a 15-token prompt whose first 12 tokens are cached (blocks of 4): admit returned",
+    what = "a 15-token prompt whose first 12 tokens are cached (blocks of 4), 3 blocks free: admit returned"
+    if got == 0:
+        fail(what, 3, 0, "the cached tokens already have their blocks: need = self.cache.blocks_wanted("
+             "seq.seq_id, len(seq.tokens) - reused) + self.margin(), the tokens attach did not reuse "
+             "(1 block here), not the whole prompt")
+    expect_equal(got, 3, what,
                  "only the uncached tokens are prefilled: set seq.num_computed = seq.cached_tokens = what "
                  "self.attach(seq) returned, then count = min(seq.num_pending, budget)")
     expect_equal((seq.num_computed, seq.cached_tokens), (12, 12), "(num_computed, cached_tokens) after that admit")
@@ -164,7 +169,8 @@ def check_choose_victim(cls) -> None:
                 elif got_id in scheduled:
                     hint = "that one already has its room for this step: skip the ids in `scheduled`"
                 else:
-                    hint = OLDEST
+                    hint = ("the victim is the newest eligible one: walk self.running from the end and "
+                            "take the first sequence whose seq_id is not in `scheduled`")
                 fail(f"running ids {[s.seq_id for s in sched.running]} (oldest first), scheduled "
                      f"{sorted(scheduled)}: choose_victim picked id", want.seq_id, got_id, hint)
     passed("choose_victim: always the newest running sequence that is not yet scheduled this step")
@@ -202,8 +208,10 @@ def check_preempt(cls) -> None:
     sched.preempt(old)
     expect_equal([s.seq_id for s in sched.waiting], [0, 1], "preempting the newest, then the oldest: waiting ids",
                  "appendleft: victims come newest first, so the older one must end up in front")
-    expect_equal(sched.preemptions, {"recompute": 2, "swap": 0}, "self.preemptions after two recomputes",
-                 "count each preemption under its mode")
+    expect_equal((old.preemptions, new.preemptions, sched.preemptions), (1, 1, {"recompute": 2, "swap": 0}),
+                 "after two recomputes: (oldest's seq.preemptions, newest's seq.preemptions, self.preemptions)",
+                 "add one to the victim's seq.preemptions and count each preemption under its mode in "
+                 "self.preemptions")
     # With a prefix cache, the victim's full blocks are published before they are freed.
     sched, old, new = _preempt_case(cls, "recompute", prefix=True)
     sched.preempt(new)
@@ -313,7 +321,15 @@ def check_swap(cache_cls, block_size: int = 4) -> None:
     cache.create(3)                                            # churn: the freed blocks go elsewhere
     cached_step(model, cache, [3], [seeded_tokens(2 * bs, seed=3)])
     seqs[3] = seeded_tokens(2 * bs, seed=3)
-    cache.swap_in(0)
+    moved = cache.swap_in(0)
+    expect_equal(moved, 3, "swap_in(0) of those 3 saved blocks: its return value",
+                 "return the number of blocks it allocated and filled")
+    if 0 in cache.swapped:
+        fail("after swap_in(0): sequence 0 is back in the pool but still in cache.swapped",
+             hint="drop the saved copy once it is restored: del self.swapped[seq]")
+    expect_raises(KeyError, lambda: cache.swap_in(0), "swap_in(0) again, when it is no longer swapped out",
+                  "a sequence that is not swapped out has nothing to restore: raise KeyError before "
+                  "changing anything")
     restored = _logical_blocks(cache, 0)
     for i, want in enumerate(saved):
         if not _same(restored[i], want):
@@ -393,6 +409,15 @@ def check_parallel_sampling(cls, n: int = 4, seed: int = 100) -> None:
     if len(set(ids)) != n or not all(i in cache.tables for i in ids):
         fail("after the prefill step: sequence ids with a table in the cache", f"{n} distinct", ids,
              "give each child next(new_ids) and cache.fork(seq.seq_id, child.seq_id)")
+    parent = request.sequences[0]
+    running = {s.seq_id for s in engine.scheduler.running}
+    states = [(s.sample_index, s.num_computed, s.status.value, s.seq_id in running)
+              for s in request.sequences]
+    expect_equal(states, [(i, parent.num_computed, Status.RUNNING.value, True) for i in range(n)],
+                 "after the prefill step: (sample_index, num_computed, status, in self.running) of every "
+                 "sample", "child i is Sequence(..., sample_index=i) and starts where its parent is: "
+                 "child.num_computed = seq.num_computed (its prompt is in the shared blocks), status "
+                 "Status.RUNNING, appended to self.running")
     full = [cache.tables[ids[0]][i] for i in range(3)]
     expect_equal([cache.allocator.refcount(b) for b in full], [n] * 3,
                  f"after the prefill step: refcounts of the prompt's 3 full blocks",
