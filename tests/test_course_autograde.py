@@ -36,3 +36,26 @@ def test_summary_lists_each_student_and_chapter(tmp_path):
                       "late_submission_penalty,score,max_score\n"
                       "ch02,,,bob,,,,3.0,0.0,3.0,27.0\nch02,,,ada,,,,17.0,0.0,17.0,27.0\n")
     assert summary(grades).splitlines()[1:] == ["ada              ch02   17/27", "bob              ch02   3/27"]
+
+
+def test_summary_names_a_chapter_a_student_did_not_send(tmp_path):
+    grades = tmp_path / "grades.csv"
+    grades.write_text("assignment,duedate,timestamp,student_id,last_name,first_name,email,raw_score,"
+                      "late_submission_penalty,score,max_score\n"
+                      "ch99,,,ada,,,,6.0,0.0,6.0,7.0\nch99,,,bob,,,,0.0,0.0,0.0,7.0\n")
+    (tmp_path / "submitted" / "ada" / "ch99").mkdir(parents=True)
+    (tmp_path / "submitted" / "bob").mkdir(parents=True)
+    lines = summary(grades, [FIXTURE_CHAPTER]).splitlines()
+    assert lines[1] == "ada              ch99   6/7"
+    assert lines[2] == "bob              ch99   0/7  no notebook for ch99_fixture: 0 in grades.csv"
+
+
+def test_grades_csv_gets_a_flags_column(tmp_path):
+    from engine.course.autograde import add_flags
+    grades = tmp_path / "grades.csv"
+    grades.write_text("assignment,student_id,raw_score\nch99,ada,6.0\nch99,bob,0.0\n")
+    (tmp_path / "flags" / "ada").mkdir(parents=True)
+    (tmp_path / "flags" / "ada" / "ch99.json").write_text('{"flags": ["counter: verbatim"], "changes": []}')
+    add_flags(grades, tmp_path / "flags")
+    assert grades.read_text().splitlines() == ["assignment,student_id,raw_score,flags",
+                                               "ch99,ada,6.0,counter: verbatim", "ch99,bob,0.0,"]

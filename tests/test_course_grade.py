@@ -3,6 +3,7 @@
 Each broken notebook is the full solution with one exercise damaged; it must lose exactly the points of
 the tests that exercise reaches, and nothing else.
 """
+import copy
 import json
 import subprocess
 import sys
@@ -197,3 +198,36 @@ def test_a_long_failure_message_reaches_the_table_and_the_json_whole(tmp_path, s
     table = capsys.readouterr().out
     assert "must be copied before it is written" in table
     assert " ".join(table.split()).count("Hint: did the write land in a block another sequence still uses?") == 1
+
+
+@pytest.mark.slow
+def test_a_deleted_locked_setup_cell_is_put_back_and_said(tmp_path, solution):
+    # test_square needs `double` from the setup cell (worth 0 points): deleting it used to cost everything.
+    missing = nbformat.from_dict(dict(solution))
+    missing.cells = [cell for cell in solution.cells if cell.id != "setup"]
+    result = grade_notebook(write_notebook(missing, tmp_path, NAME), FIXTURE_CHAPTER, TIMEOUT_S)
+    assert {e.grade_id: e.earned for e in result.exercises if e.kind == "test"} == FULL
+    assert result.changes and result.changes[0].startswith("the notebook's cells were changed: 1 locked cell")
+    assert "setup" in result.changes[0]
+
+
+@pytest.mark.slow
+def test_a_notebook_in_nbformat_3_is_converted_and_graded(tmp_path, solution):
+    (tmp_path / f"{NAME}.ipynb").write_text(nbformat.writes(nbformat.convert(copy.deepcopy(solution), 3)))
+    result = grade_notebook(tmp_path / f"{NAME}.ipynb", FIXTURE_CHAPTER, TIMEOUT_S)
+    assert {e.grade_id: e.earned for e in result.exercises if e.kind == "test"} == FULL
+    assert any("saved as nbformat 3" in change for change in result.changes)
+
+
+@pytest.mark.slow
+def test_a_notebook_with_every_cell_deleted_says_what_is_missing(tmp_path, solution):
+    empty = nbformat.from_dict(dict(solution))
+    empty.cells = []
+    result = grade_notebook(write_notebook(empty, tmp_path, NAME), FIXTURE_CHAPTER, TIMEOUT_S)
+    assert {e.grade_id: e.earned for e in result.exercises if e.kind == "test"} == losing(*FULL)
+    [change] = result.changes
+    assert change.startswith("the notebook's cells were changed:")
+    assert "solution cell(s) counter, triple, square are missing" in change
+    assert "NameError" in next(e.message for e in result.exercises if e.grade_id == "test_square")
+    table = format_table([result], [])
+    assert "the notebook's cells were changed" in table
