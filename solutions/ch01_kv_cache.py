@@ -334,7 +334,7 @@ for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b", "qwen3-0.6b"):
 #
 # `update` writes `k[0, :, 0]` to `self.k[layer][3, :, 5]` and `k[1, :, t]` to
 # `self.k[layer][1, :, 2 + t]`, skips the two padding columns, and returns the slots of rows 3 and 1
-# cut to 6 positions, with `kv_lens = [6, 5]`: sequence 10's keys at positions 5 are leftovers that
+# cut to 6 positions, with `kv_lens = [6, 5]`: sequence 10's key at position 5 is a leftover that
 # attention ignores because its `kv_len` is 5.
 #
 # ### Exercise 1.2: the static cache's `update` (3 + 5 points)
@@ -346,7 +346,8 @@ for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b", "qwen3-0.6b"):
 #   (position -1; careful: index -1 is a valid Python index, the slot's *last* position);
 # * return `(keys, values, kv_lens)`: the batch's slots in batch order, cut to the longest new length,
 #   `[B, Hkv, max(kv_lens), D]`, and `kv_lens`, a `torch.long` tensor of each row's length after this
-#   step (its highest position + 1, never less than before);
+#   step (its highest position + 1, never less than before: a row that is all padding keeps its
+#   length);
 # * only on the last layer (`layer == len(self.k) - 1`), commit the new lengths into `self.lengths`.
 #
 # `new_lengths(positions, old_lengths)` (from `engine.cache.protocol`, already imported) computes
@@ -406,8 +407,8 @@ plot_reserved_vs_used(lengths, 1024)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch01_tax_md2", "locked": true, "schema_version": 3, "solution": false}
 # Read the utilization line: more than two thirds of the cache holds nothing. The workload is
 # synthetic, but real systems are no better. The vLLM paper (Kwon et al., *Efficient Memory
-# Management for Large Language Model Serving with PagedAttention*, SOSP 2023, section 3 and
-# figure 2) measured the serving systems of the day and found that only **20.4% to 38.2%** of their
+# Management for Large Language Model Serving with PagedAttention*, SOSP 2023, figure 2)
+# measured the serving systems of the day and found that only **20.4% to 38.2%** of their
 # KV cache memory held the states of actual tokens; the rest was reserved for tokens that never came,
 # lost in the tails of reservations, or stranded between them.
 #

@@ -132,6 +132,15 @@ def test_kv_bytes_bug_is_caught(bug, words):
         assert word in message, message
 
 
+def kv_float(config, dtype_bytes):
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes / 1
+
+
+def test_kv_bytes_must_be_an_int():
+    message = fails(ch01.check_kv_bytes_per_token, kv_float)
+    assert "expected the int 819200, got 819200.0" in message and "not an int" in message, message
+
+
 def test_each_kv_bug_gets_a_different_hint():
     hints = {fails(ch01.check_kv_bytes_per_token, bug).split("Hint: ")[1]
              for bug in (kv_once, kv_query_heads, kv_hidden, kv_no_layers, kv_fp32_always, kv_bits)}
@@ -234,6 +243,51 @@ class CountsNewTokens(StaticKVCache):
         return self.k[layer][rows, :, :span], self.v[layer][rows, :, :span], torch.tensor(lengths)
 
 
+class LensFromPositionsOnly(StaticKVCache):
+    """kv_lens = highest position + 1, forgetting the old length: an all-padding row drops to 0."""
+
+    def update(self, layer, k, v, positions):
+        keys, values, _ = super().update(layer, k, v, positions)
+        lengths = (positions.max(dim=1).values + 1).tolist()
+        if layer == len(self.k) - 1:
+            self.lengths.update(zip(self.batch, lengths))
+        return keys, values, torch.tensor(lengths)
+
+
+class FloatLens(StaticKVCache):
+    """Right lengths, but kv_lens as a float tensor."""
+
+    def update(self, layer, k, v, positions):
+        keys, values, kv_lens = super().update(layer, k, v, positions)
+        return keys, values, kv_lens.float()
+
+
+class WholeSlots(StaticKVCache):
+    """Returns the whole slots, not cut to the longest new length."""
+
+    def update(self, layer, k, v, positions):
+        _, _, kv_lens = super().update(layer, k, v, positions)
+        rows = torch.tensor([self.slot[s] for s in self.batch])
+        return self.k[layer][rows], self.v[layer][rows], kv_lens
+
+
+class ValuesFromKeys(StaticKVCache):
+    """Stores k in the value cache too."""
+
+    def update(self, layer, k, v, positions):
+        return super().update(layer, k, k, positions)
+
+
+class CommitsOnFirstLayer(StaticKVCache):
+    """Commits the new lengths on layer 0's call instead of the last layer's."""
+
+    def update(self, layer, k, v, positions):
+        keys, values, kv_lens = super().update(layer, k, v, positions)
+        if layer == 0:
+            self.lengths.update(zip(self.batch, kv_lens.tolist()))
+        return keys, values, kv_lens
+
+
 @pytest.mark.parametrize("bug, words", [
     (PaddingWritten, ["padding written", "holds a padding token's key", "index -1 is the LAST"]),
     (PaddingClamped, ["padding written", "landed at position 0", "instead of being skipped"]),
@@ -244,6 +298,12 @@ class CountsNewTokens(StaticKVCache):
     (KvLensOneShort, ["kv_lens", "expected [5, 2, 3], got [4, 1, 2]", "off by one (one short)"]),
     (CommitsEveryLayer, ["length committed on every layer", "update(layer=0) of 2"]),
     (CountsNewTokens, ["length committed on every layer"]),
+    (CommitsOnFirstLayer, ["or on one before the last", "update(layer=0) is not the last"]),
+    (LensFromPositionsOnly, ["sequence 11: no new token", "expected [6, 5, 3], got [6, 5, 0]",
+                             "all padding", "never less than before"]),
+    (FloatLens, ["the type of kv_lens", "torch.long"]),
+    (WholeSlots, ["expected [3, 2, 5, 4], got [3, 2, 10, 4]", "cut the slots to the longest"]),
+    (ValuesFromKeys, ["the returned values", "the values are the keys"]),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_update_bug_is_caught_directly(bug, words):
     message = fails(ch01.check_static_update, bug)

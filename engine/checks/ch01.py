@@ -89,7 +89,11 @@ def check_kv_bytes_per_token(kv_bytes_per_token) -> None:
             fail(f"kv_bytes_per_token({name} config, dtype_bytes={nbytes})", f"the int {want}", repr(got),
                  "return a number of bytes (an int)")
         if value == want:
-            continue
+            if isinstance(value, int):
+                continue
+            fail(f"kv_bytes_per_token({name} config, dtype_bytes={nbytes})", f"the int {want}", repr(got),
+                 "the right number, but not an int: keep to integer arithmetic (no `/`) or return "
+                 "int(...)")
         # Which classic mistake reproduces every answer the function gave?
         matches = [hint for bug, hint in KV_BUGS
                    if all(_as_number(g) == bug(c, b) for _, c, b, g in results)]
@@ -137,8 +141,9 @@ def _batch(seqs: list[int], starts: dict[int, int], counts: dict[int, int], laye
 
 
 # The scripted workload of the direct check: three live sequences (slots 3, 1, 2 after a freed one,
-# batch order 12, 10, 11), three ragged steps; sequence 12 ends exactly at the slot's capacity.
-UPDATE_STEPS = [{12: 5, 10: 2, 11: 3}, {12: 1, 10: 3, 11: 1}, {12: 4, 10: 1, 11: 2}]
+# batch order 12, 10, 11), three ragged steps; in the second, sequence 11's row is all padding (no new
+# token), and sequence 12 ends exactly at the slot's capacity.
+UPDATE_STEPS = [{12: 5, 10: 2, 11: 3}, {12: 1, 10: 3, 11: 0}, {12: 4, 10: 1, 11: 2}]
 UPDATE_CAPACITY = 10
 UPDATE_BATCH = [12, 10, 11]
 
@@ -202,8 +207,9 @@ def _drive_update(cls) -> None:
             cache.reserve(s, counts[s])
         cache.set_batch(UPDATE_BATCH)
         after = {s: lengths[s] + counts[s] for s in UPDATE_BATCH}
-        span = ", ".join(f"sequence {s}: position" + (f" {lengths[s]}" if counts[s] == 1 else
-                                                       f"s {lengths[s]}..{after[s] - 1}")
+        span = ", ".join(f"sequence {s}: " + ("no new token" if counts[s] == 0 else
+                                              f"position {lengths[s]}" if counts[s] == 1 else
+                                              f"positions {lengths[s]}..{after[s] - 1}")
                          for s in UPDATE_BATCH)
         for layer in range(layers):
             k, v, positions = _batch(UPDATE_BATCH, lengths, counts, layer, heads, dim)
@@ -235,12 +241,26 @@ def _drive_update(cls) -> None:
                                 "p holds p + 1 keys, not p + 2")
                     elif all(g == lengths[s] for g, s in zip(got_lens, UPDATE_BATCH)):
                         hint = "kv_lens must already count this step's new tokens"
+                    elif any(counts[s] == 0 and g != lengths[s] for g, s in zip(got_lens, UPDATE_BATCH)):
+                        idle = [s for s in UPDATE_BATCH if counts[s] == 0]
+                        hint = (f"sequence {idle[0]}'s row is all padding (no new token), and its kv_len "
+                                f"must stay {lengths[idle[0]]}: a row's length is never less than before, "
+                                "max(old length, highest position + 1)")
                 fail(f"{what}: kv_lens", want_lens, got_lens, hint)
-            if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[0] != len(UPDATE_BATCH) \
-                    or keys.shape[2] < max(want_lens):
-                fail(f"{what}: the shape of the returned keys",
-                     f"[{len(UPDATE_BATCH)}, {heads}, at least {max(want_lens)}, {dim}]",
-                     list(keys.shape) if isinstance(keys, torch.Tensor) else type(keys).__name__)
+            if not isinstance(kv_lens, torch.Tensor) or kv_lens.dtype != torch.long:
+                fail(f"{what}: the type of kv_lens", "a torch.long tensor",
+                     f"a {kv_lens.dtype} tensor" if isinstance(kv_lens, torch.Tensor)
+                     else type(kv_lens).__name__,
+                     "return kv_lens as a torch.long tensor of shape [B], e.g. torch.tensor(lengths) of "
+                     "a list of Python ints")
+            for name, tensor in (("keys", keys), ("values", values)):
+                if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4 \
+                        or list(tensor.shape[:2]) != [len(UPDATE_BATCH), heads] or tensor.shape[3] != dim \
+                        or tensor.shape[2] < max(want_lens):
+                    fail(f"{what}: the shape of the returned {name}",
+                         [len(UPDATE_BATCH), heads, max(want_lens), dim],
+                         list(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__,
+                         "[B, Hkv, max(kv_lens), D]: the batch's slot rows, in batch order")
             if isinstance(storage, (list, tuple)):
                 for b, s in enumerate(UPDATE_BATCH):
                     for pos in range(lengths[s], after[s]):
@@ -254,19 +274,38 @@ def _drive_update(cls) -> None:
             for b, s in enumerate(UPDATE_BATCH):
                 for pos in list(range(lengths[s], after[s])) + list(range(lengths[s])):
                     want = _values(s, pos, layer, heads, dim)
-                    if not torch.equal(keys[b, :, pos].float(), want) or \
-                            not torch.equal(values[b, :, pos].float(), -want):
+                    if not torch.equal(keys[b, :, pos].float(), want):
                         got = float(keys[b, 0, pos, 0])
                         fail(f"{what}: the returned keys of row {b} (sequence {s}) at position {pos}",
                              f"{_code(s, pos, layer):g} (head 0, dim 0)", f"{got:g}",
                              _history_hint(cache, layer, b, s, pos, got, lengths[s]))
+                    if not torch.equal(values[b, :, pos].float(), -want):
+                        got = float(values[b, 0, pos, 0])
+                        fail(f"{what}: the returned values of row {b} (sequence {s}) at position {pos} "
+                             "(the keys there are right)", f"{-_code(s, pos, layer):g} (head 0, dim 0)",
+                             f"{got:g}", "the values are the keys: store v, not k, in self.v[layer]"
+                             if got == _code(s, pos, layer) else "store each token's V in "
+                             "self.v[layer] where its K goes in self.k[layer], and return self.v[layer]'s "
+                             "slots as the values")
+            want_shape = [len(UPDATE_BATCH), heads, max(want_lens), dim]
+            for name, tensor in (("keys", keys), ("values", values)):
+                shape = list(tensor.shape) if isinstance(tensor, torch.Tensor) else None
+                if shape != want_shape:
+                    longer = shape is not None and len(shape) == 4 and shape[2] > want_shape[2] and \
+                        shape[:2] + shape[3:] == want_shape[:2] + want_shape[3:]
+                    fail(f"{what}: the shape of the returned {name}", want_shape,
+                         shape if shape is not None else type(tensor).__name__,
+                         f"cut the slots to the longest new length, max(kv_lens) = {max(want_lens)} "
+                         "positions: self.k[layer][rows, :, :span]" if longer else
+                         "[B, Hkv, max(kv_lens), D]: the batch's slot rows, in batch order")
             committed = {s: cache.length(s) for s in UPDATE_BATCH}
             expected = after if layer == layers - 1 else lengths
             if committed != expected:
                 if layer < layers - 1 and committed == after:
-                    hint = (f"length committed on every layer: update(layer={layer}) is not the last "
-                            f"layer's call (that is layer {layers - 1}); only the last layer commits the "
-                            "new lengths, so every layer of one forward sees the same old lengths")
+                    hint = (f"length committed on every layer (or on one before the last): "
+                            f"update(layer={layer}) is not the last layer's call (that is layer "
+                            f"{layers - 1}); only the last layer commits the new lengths, so every layer "
+                            "of one forward sees the same old lengths")
                 elif layer == layers - 1 and committed == lengths:
                     hint = "the last layer's call must commit each row's new length into self.lengths"
                 else:
