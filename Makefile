@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Tests run with the venv first on PATH so nbgrader/jupyter find the right kernel.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup test test-fast lab release grade autograde student-edition book book-instructor book-pdf bench lock clean help
+.PHONY: setup test test-fast test-lab lab release grade autograde student-edition book book-instructor book-pdf bench lock clean help
 
 help:
 	@echo "make setup      create .venv and install the pinned environment (idempotent)"
@@ -20,6 +20,7 @@ help:
 	@echo "make book       build the HTML book into book/_build/html (make book-instructor: with solutions)"
 	@echo "make book-pdf   the book as one PDF, book/_build/pdf/book.pdf (needs Chromium)"
 	@echo "make test-fast  the suite without notebook execution, book build and browser checks"
+	@echo "make test-lab   run every cell of every chapter in JupyterLab in headless Chromium (slow)"
 	@echo "make bench      the continuous-batching benchmark (python -m engine bench --help for options)"
 
 setup: $(STAMP)
@@ -38,6 +39,10 @@ CHROMIUM_CHECK = $(PY) -c "from engine.course.book import chromium_executable as
 test: setup
 	@$(CHROMIUM_CHECK)
 	$(PY) -m pytest -n 2 --dist loadfile -q
+
+# Every cell of every chapter in JupyterLab (make test runs them for chapter 2 only); CI runs this too.
+test-lab: setup
+	LAB_CHAPTERS=all $(PY) -m pytest -q tests/test_lab_notebooks.py
 
 test-fast: setup
 	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not browser"
