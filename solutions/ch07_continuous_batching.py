@@ -337,7 +337,8 @@ ch07.check_parallel_sampling(Sampling)
 # engine. Six greedy requests with prompts of $b - 1$, $b$, $b + 1$, $2b + 1$, $3b + 2$ and $4b + 3$
 # tokens (blocks of $b$), 21 output tokens each, share a pool that holds the longest request plus four
 # blocks. A chunk budget of $4b$ tokens per step makes long prompts prefill over several steps, victims
-# of $6b$ tokens or more are swapped and shorter ones recomputed, and one request is aborted halfway.
+# of $6b$ tokens or more are swapped and shorter ones recomputed, and one request is aborted after
+# 12 engine steps, while it still holds blocks.
 #
 # Every surviving request's output must equal its solo run token for token, every logit it sampled
 # from must equal a from-scratch run of its history within $10^{-5}$, both kinds of preemption must
@@ -520,8 +521,8 @@ ch07.check_review_swap_ms(r3_answer)
 # recompute or swap) and preempting it keeps first-come-first-served: the oldest requests, which have
 # waited longest, keep making progress; preempting the oldest can starve it (it is preempted again
 # each time it comes back). (1 point) It was admitted before everything still waiting; putting it at
-# the front restores its place in arrival order, and it needs no new admission slot ahead of later
-# requests, so it cannot be overtaken indefinitely.
+# the front restores its place in arrival order, so requests that arrived after it cannot overtake
+# it; at the back it would wait behind the whole queue, and could be overtaken again and again.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_q5_md", "locked": true, "schema_version": 3, "solution": false}
 # **Q5 (2 points).** Paging lets a server run several times as many sequences in the same KV memory

@@ -459,11 +459,11 @@ explorer(explore_blocks, model_name=(MODELS, "deepseek-v2"),
 # | **disaggregated prefill** (Splitwise, DistServe, Mooncake; vLLM and SGLang support it) | prefill on one GPU pool, decode on another; the prompt's KV is shipped between them *block by block* | ch02-03: a table is small and names blocks, so moving a sequence is moving its blocks and rewriting its table |
 # | **quantized KV** (fp8 / int8 KV caches) | fewer bytes per token; scales stored beside the data | this chapter |
 #
-# Two of the seed's open questions remain open. *Bigger blocks, smarter eviction*: at a million tokens
-# a 16-token block means 65,536 table entries per sequence; keeping shared prefixes in small blocks and
-# private tails in large ones would cut that without losing sharing granularity, an analogue of an
-# operating system's huge pages that no engine ships yet. *Block tables that span machines*: once
-# blocks are the unit of transfer, a sequence's blocks could live on several machines, with refcounts,
+# Two questions remain open. *Bigger blocks, smarter eviction*: at a million tokens a 16-token
+# block means 65,536 table entries per sequence (section 8.6 printed them); keeping shared prefixes in
+# small blocks and private tails in large ones would cut that without losing sharing granularity, an
+# analogue of an operating system's huge pages. *Block tables that span machines*: once blocks are
+# the unit of transfer, a sequence's blocks could live on several machines, with refcounts,
 # copy-on-write and prefix sharing coordinated across a fleet.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_review_md", "locked": true, "schema_version": 3, "solution": false}
