@@ -12,6 +12,7 @@ checks fail with a message that says so, and the others still run.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -436,10 +437,26 @@ def engine_model():
     return tiny_model(seed=0, num_layers=1, num_heads=1, num_kv_heads=1)
 
 
+@contextlib.contextmanager
+def _one_thread():
+    """Torch on one thread for the tiny model's matmuls (on a busy machine, extra threads only wait)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @check
 def check_decode_in_engine(kernel, block_size: int = 4, steps: int = 20) -> None:
     """The milestone: the kernel in the engine's paged cache gives from-scratch logits over a ragged batch."""
     _need_triton()
+    with _one_thread():
+        _decode_in_engine(kernel, block_size, steps)
+
+
+def _decode_in_engine(kernel, block_size: int, steps: int) -> None:
     from engine.generate import cached_step, scratch_logits
     model = engine_model()
     bs = block_size
