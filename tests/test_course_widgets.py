@@ -1,0 +1,78 @@
+"""engine/course/widgets.py without a browser: controls, the state cap, precomputed states, the HTML.
+
+(The browser tests move the controls: tests/test_course_browser.py in the book, test_lab_notebooks.py
+in JupyterLab.)
+"""
+import json
+import re
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from engine.course import widgets  # noqa: E402
+
+
+def draw(length=3, shape="bar"):
+    print(f"length {length}, {shape}")
+    fig, ax = plt.subplots(figsize=(2, 1))
+    ax.bar(range(length), range(length)) if shape == "bar" else ax.plot(range(length))
+    plt.show()
+
+
+def test_controls_are_sliders_with_steps_or_menus():
+    assert widgets.control("n", (1, 9, 5, 2)).values == (1, 3, 5, 7, 9)
+    assert widgets.control("n", (0, 3, 1)).default == 1
+    menu = widgets.control("bs", ([4, 8, 16], 8))
+    assert (menu.kind, menu.values, menu.default) == ("menu", (4, 8, 16), 1)
+    with pytest.raises(ValueError, match="not on the slider"):
+        widgets.control("n", (1, 9, 4, 2))
+    with pytest.raises(ValueError, match="not one of the options"):
+        widgets.control("bs", ([4, 8], 16))
+
+
+def test_too_many_states_is_an_error_that_says_what_each_control_gives():
+    with pytest.raises(ValueError, match=r"40 \(length\) x 5 \(shape\) = 200 states, more than the 150"):
+        widgets.check_size(draw, [widgets.control("length", (1, 40, 3)),
+                                  widgets.control("shape", (["a", "b", "c", "d", "e"], "a"))])
+
+
+def test_every_state_is_precomputed_with_its_text_and_picture_and_nothing_leaks():
+    controls = [widgets.control("length", (2, 4, 3)), widgets.control("shape", (["bar", "line"], "bar"))]
+    data = widgets.precompute(draw, controls)
+    assert data["sizes"] == [3, 2] and len(data["states"]) == 6
+    assert [data["texts"][t] for t, _ in data["states"]] == [
+        f"length {n}, {s}\n" for n in (2, 3, 4) for s in ("bar", "line")]
+    assert len({tuple(images) for _, images in data["states"]}) == 6
+    assert plt.get_fignums() == []  # every figure saved and closed: none reaches the notebook
+    text_at, shown = data["states"][widgets.default_state(controls)]
+    assert data["texts"][text_at] == "length 3, bar\n" and len(shown) == 1
+
+
+def test_the_html_holds_the_controls_the_default_view_and_every_state():
+    controls = [widgets.control("length", (2, 4, 3)), widgets.control("shape", (["bar", "line"], "bar"))]
+    data = widgets.precompute(draw, controls)
+    page = widgets.explorer_html(draw, controls, data)
+    assert 'type="range" min="0" max="2" step="1" value="1"' in page and "<select" in page
+    assert "length 3, bar" in page and page.count("<img ") == 1
+    payload = json.loads(re.search(r'class="course-explorer-data">(.*?)</script>', page).group(1))
+    assert payload["values"] == [["2", "3", "4"], ["bar", "line"]] and len(payload["states"]) == 6
+    assert page == widgets.explorer_html(draw, controls, widgets.precompute(draw, controls))  # deterministic
+
+
+def test_a_failing_state_names_its_values():
+    def broken(n=1):
+        if n == 2:
+            raise KeyError("boom")
+
+    with pytest.raises(RuntimeError, match=r"broken\(\*\*\{'n': 2\}\) raised KeyError"):
+        widgets.precompute(broken, [widgets.control("n", (1, 3, 1))])
+
+
+def test_static_mode_draws_only_the_default(monkeypatch, capsys):
+    monkeypatch.setenv(widgets.STATIC_ENV, "static")
+    widgets.explorer(draw, length=(2, 4, 3), shape=(["bar", "line"], "line"))
+    assert capsys.readouterr().out == "length 3, line\n"
+    plt.close("all")
