@@ -150,6 +150,23 @@ class AdmitCountsCachedTokens(Scheduler):
         return count
 
 
+class TrueAfterEvicting(Scheduler):
+    """Returns True as soon as eviction freed something, without reserving again."""
+
+    def reserve_or_preempt(self, seq, count, scheduled):
+        while True:
+            try:
+                self.cache.reserve(seq.seq_id, count)
+                return True
+            except MemoryError:
+                if self.evict_for(seq, count):
+                    return True
+                victim = self.choose_victim(scheduled)
+                self.preempt(victim)
+                if victim is seq:
+                    return False
+
+
 class OldestVictim(Scheduler):
     def choose_victim(self, scheduled):
         return next(s for s in self.running if s.seq_id not in scheduled)
@@ -229,6 +246,8 @@ class ForkAliasesTokens(Scheduler):
     (ch07.check_admit, AdmitCountsCachedTokens, ["first 12 tokens are cached", "len(seq.tokens) - reused"]),
     (ch07.check_choose_victim, OldestVictim, ["picked id", "oldest request was preempted"]),
     (ch07.check_reserve_or_preempt, OldestVictim, ["oldest request was preempted"]),
+    (ch07.check_reserve_or_preempt, TrueAfterEvicting, ["returned True; positions with reserved room",
+                                                        "try the reserve again"]),
     (ch07.check_swap, SwapInWrongOrder, ["saved from logical block 0", "wrong order"]),
     (serving(Scheduler, SwapInWrongOrder), None, ["from-scratch run", "wrong order"]),
     (ch07.check_swap, SwapOutKeepsBlocks, ["after swap_out(0)", "release every block"]),

@@ -258,15 +258,25 @@ def check_reserve_or_preempt(cls) -> None:
             if seq.status is not Status.RUNNING and seq.seq_id in sched.cache.tables:
                 fail(f"after reserve_or_preempt, sequence {seq.seq_id} is {seq.status.value} but still "
                      f"holds {len(sched.cache.tables[seq.seq_id])} block(s)", hint=LEAKED)
+    def reserved(sched, seq, count, what):
+        room = len(sched.cache.tables.get(seq.seq_id, [])) * sched.cache.block_size
+        want = sched.cache.length(seq.seq_id) + count
+        if room < want:
+            fail(f"{what}: reserve_or_preempt returned True; positions with reserved room for sequence "
+                 f"{seq.seq_id}", f">= {want}", room,
+                 "return True only once self.cache.reserve(seq.seq_id, count) has succeeded: after "
+                 "evicting or preempting, go round the loop and try the reserve again")
     sched, (a, b, c) = crowded()
     ok = sched.reserve_or_preempt(a, 1, set())
     expect_equal((ok, sched.preemptions["recompute"]), (True, 0),
                  "1 block free, reserve one token for the oldest: (returned, preemptions)",
                  "when reserve succeeds, return True and preempt nobody")
+    reserved(sched, a, 1, "1 block free, reserve one token for the oldest")
     ok = sched.reserve_or_preempt(b, 1, {a.seq_id})
     expect_equal((ok, sched.preemptions["recompute"], len(sched.prefix.entries)), (True, 0, 0),
                  "no block free, one held only by the prefix cache: (returned, preemptions, cached blocks)",
                  "evict unused prefix-cache blocks (self.evict_for(seq, count)) before preempting anyone")
+    reserved(sched, b, 1, "no block free, one held only by the prefix cache")
     ok = sched.reserve_or_preempt(c, 1, {a.seq_id, b.seq_id})
     leaked(sched, (a, b, c))
     expect_equal((ok, c.status), (False, Status.WAITING),
@@ -277,13 +287,14 @@ def check_reserve_or_preempt(cls) -> None:
     sched.reserve_or_preempt(a, 1, set())
     ok = sched.reserve_or_preempt(a, 9, set())           # two more blocks for the oldest, one free
     leaked(sched, (a, b, c))
-    states = [s.status for s in (a, b, c)]
-    if states[0] is not Status.RUNNING and states[2] is Status.RUNNING:
-        fail("the oldest needs a block, nothing free: statuses (oldest, middle, newest)",
-             [Status.RUNNING, Status.RUNNING, Status.WAITING], states, OLDEST)
-    expect_equal((ok, states), (True, [Status.RUNNING, Status.RUNNING, Status.WAITING]),
+    states = [s.status.value for s in (a, b, c)]
+    want = [Status.RUNNING.value, Status.RUNNING.value, Status.WAITING.value]
+    if states[0] != Status.RUNNING.value and states[2] == Status.RUNNING.value:
+        fail("the oldest needs a block, nothing free: statuses (oldest, middle, newest)", want, states, OLDEST)
+    expect_equal((ok, states), (True, want),
                  "the oldest needs a block, nothing free: (returned, statuses oldest to newest)",
                  "preempt self.choose_victim(scheduled), then try the reserve again")
+    reserved(sched, a, 9, "the oldest needs a block, nothing free")
     passed("reserve_or_preempt: reserves when it can, evicts unused cached blocks before preempting, "
            "then preempts the newest and retries; returns False when the victim was the asker")
 
