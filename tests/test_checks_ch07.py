@@ -96,6 +96,14 @@ class PreemptNeverFrees(Scheduler):
         return mode
 
 
+class ModeFromConfig(Scheduler):
+    """preempt takes the mode from the config, so "auto" is never resolved."""
+
+    def preempt(self, seq):
+        self.preemption_mode = lambda victim: self.config.preemption
+        return super().preempt(seq)
+
+
 class RecomputeNotReset(Scheduler):
     """A recomputed victim keeps its num_computed, as if its K/V were still there."""
 
@@ -239,6 +247,7 @@ class ForkAliasesTokens(Scheduler):
     (serving(PreemptNeverFrees), None, ["blocks were never freed"]),
     (ch07.check_reserve_or_preempt, PreemptNeverFrees, ["still holds", "blocks were never freed"]),
     (ch07.check_preempt, RecomputeNotReset, ["num_computed of the victim", "not reset to re-prefill"]),
+    (ch07.check_preempt, ModeFromConfig, ["preemption='auto'", "self.preemption_mode(seq)"]),
     (ch07.check_admit, AdmitWithoutReserving, ["positions with reserved room", "admission without reserving",
                                                "cache.reserve"]),
     (serving(AdmitWithoutReserving), None, ["admission without reserving", "out of blocks mid-step"]),

@@ -176,8 +176,8 @@ def check_choose_victim(cls) -> None:
     passed("choose_victim: always the newest running sequence that is not yet scheduled this step")
 
 
-def _preempt_case(cls, mode: str, prefix: bool = False):
-    sched = _scheduler(cls, num_blocks=16, block_size=4, prefix=prefix, preemption=mode)
+def _preempt_case(cls, mode: str, prefix: bool = False, **config):
+    sched = _scheduler(cls, num_blocks=16, block_size=4, prefix=prefix, preemption=mode, **config)
     old, new = _sequence(0, seeded_tokens(9, seed=1)), _sequence(1, seeded_tokens(10, seed=2))
     for seq in (old, new):
         _run_prefill(sched, seq)
@@ -219,6 +219,20 @@ def check_preempt(cls) -> None:
         fail("after preempt by recompute with a prefix cache, its cached blocks", "2 full blocks", "none",
              "publish the victim (self.publish(seq)) before releasing it, so re-admission finds its "
              "blocks in the prefix cache")
+    # "auto" decides by length: preemption_mode says which, and preempt must follow it.
+    for computed in (9, 10):
+        sched, old, new = _preempt_case(cls, "auto", swap_min_tokens=computed)
+        victim = old if computed == 10 else new   # old (9 computed) recomputes; new (10) swaps
+        want, computed_before = sched.preemption_mode(victim), victim.num_computed
+        try:
+            mode = sched.preempt(victim)
+        except KeyError as error:
+            fail(f"preempt with SchedulerConfig(preemption='auto', swap_min_tokens={computed}) raised "
+                 f"KeyError: {error}", hint="'auto' is not a mode: mode = self.preemption_mode(seq) "
+                 "decides between 'swap' and 'recompute'")
+        expect_equal(mode, want, f"preempt of a sequence with {computed_before} computed tokens, "
+                     f"SchedulerConfig(preemption='auto', swap_min_tokens={computed}): the mode returned",
+                     "mode = self.preemption_mode(seq) decides swap or recompute; use it and return it")
     # Swap: the K/V go to the host, the progress stays.
     sched, old, new = _preempt_case(cls, "swap")
     free_before = sched.cache.allocator.num_free
