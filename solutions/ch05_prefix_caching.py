@@ -82,21 +82,27 @@ per_token = config.kv_bytes_per_token(torch.float16)
 system, requests, bs = 2000, 1000, 16
 full_blocks = system // bs
 print(f"KV per token: {per_token / KiB:.0f} KiB; "
-      f"the system prompt is {system * per_token / MiB:.0f} MiB")
-print(f"{requests} live requests, each with its own copy: "
+      f"the {system:,}-token system prompt is {system * per_token / MiB:.0f} MiB")
+print(f"{requests:,} live requests, each with its own copy: "
       f"{requests * system * per_token / GiB:.0f} GiB")
+partial = system - full_blocks * bs
 print(f"...with a prefix cache: {full_blocks} full blocks stored once, "
-      f"{full_blocks * bs * per_token / MiB:.0f} MiB, plus the "
-      f"{system - full_blocks * bs} tokens of the last partial block per request")
+      f"{full_blocks * bs * per_token / MiB:.0f} MiB"
+      + (f", plus the {partial} tokens of the last partial block per request"
+         if partial else f" (the prompt fills whole blocks of {bs})"))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_demo_md", "locked": true, "schema_version": 3, "solution": false}
-# The same effect at the scale of our tiny model: 8 requests, each a 96-token system prompt (6 full
-# blocks of 16) followed by 8 tokens of its own, served one after another through the engine's
-# `PrefixCache` (this is `python -m engine prefix`). Every request's logits are compared with a
-# cold prefill of its whole prompt.
+# The same effect at the scale of our tiny model: a few requests, each a system prompt of a few full
+# blocks followed by tokens of its own, served one after another through the engine's `PrefixCache`
+# (this is `python -m engine prefix`). Every request's logits are compared with a cold prefill of
+# its whole prompt.
 
 # %% nbgrader={"grade": false, "grade_id": "ch05_demo", "locked": true, "schema_version": 3, "solution": false}
-demo = prefix_demo()
+shape = dict(requests=8, system_tokens=96, own_tokens=8, block_size=16)
+demo = prefix_demo(**shape)
+print(f"{shape['requests']} requests: a {shape['system_tokens']}-token system prompt "
+      f"({shape['system_tokens'] // shape['block_size']} full blocks of "
+      f"{shape['block_size']}) + {shape['own_tokens']} tokens of their own")
 print(f"prompt tokens {demo['prompt_tokens']}, prefilled {demo['tokens_prefilled']} "
       f"({1 - demo['tokens_prefilled'] / demo['prompt_tokens']:.0%} less prefill)")
 print(f"blocks in use {demo['blocks_in_use']} vs {demo['blocks_without_sharing']} "
@@ -104,13 +110,17 @@ print(f"blocks in use {demo['blocks_in_use']} vs {demo['blocks_without_sharing']
       f"{demo['max_abs_diff_vs_cold_prefill']:.1e}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_growth_md", "locked": true, "schema_version": 3, "solution": false}
-# The first request prefills all 104 of its tokens and publishes its 6 full blocks; each later one
-# attaches to them and prefills only its own 8 tokens, into one block of its own. The figure follows
-# the same workload as requests pile up: without sharing, prefill work and memory both grow by the
-# whole prompt per request; with it, by the request's own tokens.
+# The first request prefills its whole prompt and publishes the system prompt's full blocks; each
+# later one attaches to them and prefills only its own tokens, into one block of its own. The figure
+# follows the same workload as requests pile up: without sharing, prefill work and memory both grow
+# by the whole prompt per request; with it, by the request's own tokens.
 
 # %% nbgrader={"grade": false, "grade_id": "ch05_growth", "locked": true, "schema_version": 3, "solution": false}
 growth = figures.sharing_growth(max_requests=16)
+print(f"the first request prefills {growth['prefilled'][0]} tokens into "
+      f"{growth['blocks'][0]} blocks; each later one "
+      f"{growth['prefilled'][1] - growth['prefilled'][0]} tokens into "
+      f"{growth['blocks'][1] - growth['blocks'][0]} block")
 print(f"after 16 requests: {growth['prefilled'][-1]} tokens prefilled vs "
       f"{growth['prefilled_without'][-1]}, {growth['blocks'][-1]} blocks vs "
       f"{growth['blocks_without'][-1]}")
@@ -241,7 +251,8 @@ for name, tokens, salt in (("A + X", a + x, None), ("B + X", b + x, None),
 #   look up `self.entries.get(key)` and stop at the first one that is `None` or fails
 #   `self.matches(...)`; collect the found entries' `.block`s. Then `self.cache.create(seq)`,
 #   `self.cache.share_blocks(seq, blocks)` (appends them to the table, one more owner each),
-#   `self.cache.set_length(seq, reused)`, and add to `self.queries`, `self.hits` (1 if anything was
+#   `self.cache.set_length(seq, reused)`, where `reused` is the tokens in those blocks but at most
+#   `len(prompt) - 1` (always one token left to prefill), and add to `self.queries`, `self.hits` (1 if anything was
 #   reused) and `self.tokens_saved`.
 # * `detach(self, seq)` undoes it before any prefill: the tokens reused are `self.cache.length(seq)`;
 #   `self.cache.free(seq)` and take back the three counts.
@@ -331,8 +342,9 @@ for entries in (1_000, 10_000, 30_000):
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_ex_evict_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 5.4 — `evictable`, `evict` and `forget` (4 points)
 #
-# * `evictable(self, entry)`: whether evict may take it now, by the first two rules above
-#   (`entry.children`, `self.cache.allocator.refcount(entry.block)`).
+# * `evictable(self, entry)`: whether evict may take it now, by the first two rules above: a leaf
+#   (`entry.children == 0`) that only the cache holds (`self.cache.allocator.refcount(entry.block)`
+#   is 1, the cache's own reference).
 # * `evict(self, blocks_wanted)`: while `self.cache.allocator.num_free < blocks_wanted` and the line
 #   is not empty, take the front entry of `self.lru` and `self.forget` it; return how many it took.
 # * `forget(self, entry)`: remove the entry from `self.lru`, `self.entries` and `self.block_keys`
@@ -370,12 +382,13 @@ ch05.check_prefix_cache_in_engine(Keys, Attach, Remember, Evict, block_size=3, s
 #
 # The cached entries form a tree: each chain of a prompt's blocks hangs off its parent, and prompts
 # that start the same way share their first nodes. The explorer replays a short script through the
-# engine's `PrefixCache` (blocks of 4, bookkeeping only): four requests arrive and finish, two of
-# them with a two-block system prompt and the same own block `a`, and the pool runs low three times.
-# Orange blocks are held by sequences (and by how many), green ones are in the eviction line (with
-# their place in it), gray ones are cached but still have a child. Move the step: watch `a` leave the
-# line when R3 attaches to it, `b` go first because it was released first, and `sys-2` jump to the
-# front of the line the moment its last child is evicted.
+# engine's `PrefixCache` (blocks of 4, bookkeeping only): four requests arrive and finish, three of
+# them after a two-block system prompt (`sys-1`, `sys-2`), two of those (R0 and R3) with the same own
+# block `a`, and the pool runs low three times. Orange blocks are held by sequences (and by how many),
+# green ones are in the eviction line (with their place in it), gray ones are cached but still have
+# a child. Move the step: watch `a` leave the line when R3 attaches to it, `b` go before `t` because
+# it was released earlier, and `sys-2` join the line, at its front, the moment its last child is
+# evicted.
 
 # %% nbgrader={"grade": false, "grade_id": "ch05_explorer", "locked": true, "schema_version": 3, "solution": false}
 walk = figures.prefix_tree_walk(ReferencePrefixCache)

@@ -121,6 +121,18 @@ class SaltIgnored(PrefixCache):
             parent = key
 
 
+class SaltInEveryBlock(PrefixCache):
+    """Puts the salt into every block's extra, not only the first's."""
+
+    def chain(self, tokens, salt=None, extra_keys=()):
+        size, parent = self.cache.block_size, None
+        for start in range(0, len(tokens) - size + 1, size):
+            block_tokens, extra = tuple(tokens[start:start + size]), (salt,) + tuple(extra_keys)
+            key = self.hash_fn(parent, block_tokens, extra)
+            yield key, parent, block_tokens, extra
+            parent = key
+
+
 class PartialBlockKeyed(PrefixCache):
     """Walks every block, the partial last one too."""
 
@@ -189,6 +201,16 @@ class HitWithoutReference(PrefixCache):
         return count(self, reused)
 
 
+class EmptyPromptAccepted(PrefixCache):
+    """Creates the sequence for an empty prompt instead of raising."""
+
+    def attach(self, seq, prompt, salt=None, extra_keys=()):
+        if not prompt:
+            self.cache.create(seq)
+            return 0
+        return super().attach(seq, prompt, salt, extra_keys)
+
+
 class DetachKeepsTheCount(PrefixCache):
     """Undoes the admission but not the hit it counted (the engine's own bug, once)."""
 
@@ -226,6 +248,22 @@ class RemembersUncomputed(PrefixCache):
             if key not in self.entries and table[index] not in self.block_keys:
                 self.publish(table[index], key, parent, block_tokens, extra)
                 published += 1
+        return published
+
+
+class RepublishesABlock(PrefixCache):
+    """Publishes a block under a new key although it is already published under another."""
+
+    def remember(self, seq, tokens, salt=None, extra_keys=()):
+        table, published = self.cache.tables[seq], 0
+        for index, (key, parent, block_tokens, extra) in enumerate(
+                self.chain(tokens[:self.cache.length(seq)], salt, extra_keys)):
+            entry = self.entries.get(key)
+            if entry is None:
+                self.publish(table[index], key, parent, block_tokens, extra)
+                published += 1
+            elif not self.matches(entry, parent, block_tokens, extra):
+                break
         return published
 
 
@@ -275,6 +313,36 @@ class ForgetLeavesParentStuck(PrefixCache):
         self.cache.allocator.release(entry.block)
 
 
+class EvictableAtRefcountZero(PrefixCache):
+    """Forgets the cache's own reference: waits for refcount 0, which never comes."""
+
+    def evictable(self, entry):
+        return entry.children == 0 and self.cache.allocator.refcount(entry.block) == 0
+
+
+class ForgetDoesNotRelease(PrefixCache):
+    def forget(self, entry):
+        self.lru.pop(entry.key, None)
+        del self.entries[entry.key], self.block_keys[entry.block]
+        if entry.parent is not None:
+            parent = self.entries[entry.parent]
+            parent.children -= 1
+            self.refresh(parent, front=True)
+
+
+class ParentToTheBack(PrefixCache):
+    """A parent left childless joins the back of the line instead of the front."""
+
+    def forget(self, entry):
+        self.lru.pop(entry.key, None)
+        del self.entries[entry.key], self.block_keys[entry.block]
+        if entry.parent is not None:
+            parent = self.entries[entry.parent]
+            parent.children -= 1
+            self.refresh(parent)
+        self.cache.allocator.release(entry.block)
+
+
 class ForgetKeepsTheOldKey(PrefixCache):
     def forget(self, entry):
         self.lru.pop(entry.key, None)
@@ -291,6 +359,7 @@ class ForgetKeepsTheOldKey(PrefixCache):
     (ch05.check_chain, OwnTokensLoud, ["parent key of block 1", "own tokens", "different histories share"]),
     (ch05.check_chain, OwnTokensQuiet, ["key of block 1", "quiet form", "one of them stops hitting"]),
     (ch05.check_chain, SaltIgnored, ["two salts", "the salt is ignored"]),
+    (ch05.check_chain, SaltInEveryBlock, ["the extra of each block", "first block's extra only"]),
     (ch05.check_chain, PartialBlockKeyed, ["tuples yielded", "expected 2, got 3", "partial block got a key"]),
     (ch05.check_matches, MatchesTrustsTheKey, ["against parent 12", "parent key must match"]),
     (ch05.check_matches, MatchesIgnoresExtra, ["extra ('u',)", "the salt is ignored"]),
@@ -298,11 +367,14 @@ class ForgetKeepsTheOldKey(PrefixCache):
     (ch05.check_attach, NothingLeftToPrefill, ["both cached", "expected 7, got 8", "nothing to prefill"]),
     (ch05.check_attach, HitWithoutReference, ["refcounts of the cached blocks", "expected [4, 3], got [2, 2]",
                                               "adds an owner"]),
+    (ch05.check_attach, EmptyPromptAccepted, ["attach(9, [])", "ValueError to be raised"]),
     (ch05.check_attach, DetachKeepsTheCount, ["that detach undid", "admission that was then undone"]),
     # remember
     (ch05.check_remember, RemembersPartialBlock, ["partial third block", "partial block got a key"]),
     (ch05.check_remember, RemembersUncomputed, ["first prefill chunk", "expected 1, got 2",
                                                 "only blocks whose K/V has been computed"]),
+    (ch05.check_remember, RepublishesABlock, ["under another salt", "expected 0, got 2",
+                                              "one block, one entry"]),
     (ch05.check_remember, RememberOverwrites, ["every block collides", "never overwrite"]),
     # eviction
     (ch05.check_evict, EvictsNewestFirst, ["evicted one by one", "not least recently used first"]),
@@ -310,6 +382,9 @@ class ForgetKeepsTheOldKey(PrefixCache):
     (ch05.check_evict, EvictsParentsFirst, ["evictable(e2)", "parent was evicted before its leaf"]),
     (ch05.check_evict, ForgetLeavesParentStuck, ["expected [f2, e3, e2, e1], got [f2, e3]",
                                                  "parent whose last child was evicted"]),
+    (ch05.check_evict, EvictableAtRefcountZero, ["evictable(f2)", "refcount 1, not 0"]),
+    (ch05.check_evict, ForgetDoesNotRelease, ["blocks freed in the pool", "release the cache's own reference"]),
+    (ch05.check_evict, ParentToTheBack, ["expected [g2, g1, h1], got [g2, h1, g1]", "to the FRONT of the line"]),
     (ch05.check_evict, ForgetKeepsTheOldKey, ["still has entries", "block_keys"]),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_bug_is_caught(check, bug, words):

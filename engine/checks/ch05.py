@@ -16,7 +16,7 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
-from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.checks import ATOL, check, compare_logits, expect_equal, expect_raises, fail, passed, tiny
 from engine.demos.prefix import run as run_prefix_demo
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
@@ -136,6 +136,13 @@ def check_chain(cls) -> None:
     if not all("lora" in e for e in extra):
         fail("chain(..., extra_keys=('lora',)): the extra keys of each block", "'lora' in every block's extra",
              extra, "extra keys (an adapter id, say) change every block's K/V: put them in every block")
+    if [tuple(e) for e in extra] != [("t", "lora"), ("lora",)]:
+        hint = "extra = (salt,) + tuple(extra_keys) for the first block, tuple(extra_keys) for the others"
+        if all("t" in e for e in extra):
+            hint = ("the salt goes into the first block's extra only: every later key is chained on the "
+                    "first, so it carries the salt already")
+        fail("chain(tokens, salt='t', extra_keys=('lora',)): the extra of each block",
+             [("t", "lora"), ("lora",)], [tuple(e) for e in extra], hint)
     # Served: both histories keep hitting (the engine's attach and remember use this chain).
     prefix = cls(_cache())
     a, b, x = seeded_tokens(BS, 7), seeded_tokens(BS, 8), seeded_tokens(BS, 9)
@@ -232,6 +239,11 @@ def check_attach(cls) -> None:
         fail("attach then detach changed the refcounts or free blocks", before[1:], after[1:],
              "detach must give back every reference attach took (free the sequence)")
     expect_equal(after[0], before[0], "stats() after an attach that detach undid", UNDONE)
+    expect_raises(ValueError, lambda: prefix.attach(9, []), "attach(9, []): an empty prompt",
+                  "an empty prompt has no last token to prefill: raise ValueError")
+    if 9 in cache.tables or prefix.stats()["queries"] != before[0]["queries"]:
+        fail("attach(9, []) raised, but created sequence 9 or counted a query",
+             hint="check the prompt first, then create the sequence and count")
     _check_undone_admissions(cls)
     passed("attach: the longest cached chain, shared; one prompt token always left to prefill; "
            "detach undoes an admission and its count, in the scheduler too")
@@ -277,6 +289,13 @@ def check_remember(cls) -> None:
                  "self.publish adds the cache's own reference: the sequence and the cache")
     expect_equal(prefix.remember(0, prompt), 0, "remember of the same sequence again: blocks published",
                  "a block already cached under its key is not published again")
+    refs = [cache.allocator.refcount(b) for b in table[:2]]
+    expect_equal(prefix.remember(0, prompt, salt="other"), 0, "remember of the same sequence under "
+                 "another salt (other keys, the same blocks): blocks published",
+                 "one block, one entry: a block already published (in self.block_keys) under another "
+                 "key is not published again; stop there")
+    expect_equal([cache.allocator.refcount(b) for b in table[:2]], refs, "refcounts after that remember",
+                 "one block, one entry: stop at a block that self.block_keys already holds")
     # Chunked prefill: only what has been computed.
     long = seeded_tokens(3 * BS, 17)
     prefix.attach(1, long)
@@ -323,8 +342,14 @@ def _evict_one_by_one(prefix) -> list[int]:
     order = []
     for _ in range(len(prefix.entries) + 1):
         before = {entry.block for entry in prefix.entries.values()}
-        freed = prefix.evict(prefix.cache.allocator.num_free + 1)
+        free = prefix.cache.allocator.num_free
+        freed = prefix.evict(free + 1)
         gone = before - {entry.block for entry in prefix.entries.values()}
+        if gone and prefix.cache.allocator.num_free - free != len(gone):
+            fail(f"evict({free + 1}) with {free} blocks free: blocks freed in the pool against entries "
+                 "evicted", len(gone), prefix.cache.allocator.num_free - free,
+                 "forget() must release the cache's own reference on the block "
+                 "(self.cache.allocator.release(entry.block)), or the pool never gets it back")
         if freed != len(gone):
             fail("evict(): its return value against the entries that left the cache", len(gone), freed,
                  "forget() must remove each evicted entry from self.entries" if freed > len(gone)
@@ -358,6 +383,11 @@ def check_evict(cls) -> None:
     cache.free(2)                                      # now e3 too; e1 and e2 still have children
     if prefix.evictable(prefix.entries[prefix.block_keys[e2]]):
         fail("evictable(e2) while its child e3 is still cached", False, True, PARENT_FIRST)
+    if not prefix.evictable(prefix.entries[prefix.block_keys[f2]]):
+        fail(f"evictable(f2), a leaf that no sequence holds any more (refcount "
+             f"{cache.allocator.refcount(f2)}: the cache's own reference)", True, False,
+             "a block only the cache holds has refcount 1, not 0: evictable means no children and "
+             "refcount == 1")
     order = [names.get(b, b) for b in _evict_one_by_one(prefix)]
     if order != ["f2", "e3", "e2", "e1"]:
         hint = "evict one least recently released evictable entry at a time"
@@ -372,6 +402,22 @@ def check_evict(cls) -> None:
              ["f2", "e3", "e2", "e1"], order, hint)
     expect_equal(cache.allocator.num_free, cache.num_blocks, "after evicting everything: free blocks",
                  "forget() releases the cache's reference on the block")
+    # A parent left childless goes to the front: chain g1 <- g2 released before h1.
+    prefix = cls(_cache(32))
+    g, h = seeded_tokens(2 * BS + 1, 23), seeded_tokens(BS + 1, 24)
+    for seq, prompt in enumerate((g, h)):
+        _serve(prefix, seq, prompt)
+    (g1, g2), h1 = prefix.cache.tables[0][:2], prefix.cache.tables[1][0]
+    for seq in (0, 1):
+        prefix.cache.free(seq)
+    names = {g1: "g1", g2: "g2", h1: "h1"}
+    order = [names.get(b, b) for b in _evict_one_by_one(prefix)]
+    if order != ["g2", "g1", "h1"]:
+        fail("blocks evicted one by one after chain g1<-g2 and then h1 were released",
+             ["g2", "g1", "h1"], order,
+             "a parent left childless goes to the FRONT of the line (self.refresh(parent, front=True)): "
+             "its chain was released before h1" if order[:2] == ["g2", "h1"] else
+             "evict one least recently released evictable entry at a time")
     if prefix.entries or prefix.block_keys or prefix.lru:
         fail("after evicting everything, the cache still has entries", hint="forget() removes the entry "
              "from entries, block_keys and the line, before its block can be handed out again")
@@ -454,8 +500,8 @@ def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int 
                  "after every request finished: free blocks + cached blocks",
                  "every block is either free or held by the cache alone")
     passed(f"your prefix cache in the engine: the demo gives {demo['tokens_prefilled']} of "
-           f"{demo['prompt_tokens']} tokens prefilled and {demo['blocks_in_use']} blocks (56 without "
-           f"sharing); {len(served)} requests (bs {bs}), {stats['tokens_saved']} prompt tokens reused, "
+           f"{demo['prompt_tokens']} tokens prefilled and {demo['blocks_in_use']} blocks "
+           f"({demo['blocks_without_sharing']} without sharing); {len(served)} requests (bs {bs}), {stats['tokens_saved']} prompt tokens reused, "
            f"{sum(engine.scheduler.preemptions.values())} preemptions, every logit within {ATOL:g} of from scratch")
 
 
