@@ -281,7 +281,7 @@ print(f"exact: max = {float(scores.max()):.2f}, sum exp(s - max) = {exact:.3f}")
 figures.plot_online_softmax(scores, trace, block_n=8)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_ex_kernel_md", "locked": true, "schema_version": 3, "solution": false}
-# ### Exercise 6.2 — `paged_decode_head_program` (4 + 2 + 2 + 5 points)
+# ### Exercise 6.2 — `paged_decode_head_program` (4 + 2 + 2 + 3 + 2 points)
 #
 # Write the body of the function below; its signature and docstring are the engine's
 # (`engine/attention/triton_decode.py`, where `paged_decode_head_kernel =
@@ -383,17 +383,20 @@ else:
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_engine_md", "locked": true, "schema_version": 3, "solution": false}
 # ### The milestone: your kernel in the engine
 #
-# The last check of the exercise subclasses the engine's `PagedKVCache` so that every decode step
+# The last two checks of the exercise subclass the engine's `PagedKVCache` so that every decode step
 # (one new token per sequence) attends through your kernel, reading the pool in place, while the
-# prompt's prefill stays on the torch path. It prefills a ragged batch of prompts of $bs - 1$, $bs$,
-# $bs + 1$ and $2bs + 1$ tokens in blocks of $bs = 4$, decodes 20 tokens for each, and compares every
-# decode step's logits with a from-scratch run of the same tokens, within $10^{-5}$, as blocks fill
-# and new blocks are taken. The model is the course's tiny Qwen3 cut to one layer with one head: the
-# interpreter runs each of the 80 programs of these 20 steps in Python, and the other checks have
-# already covered heads and groups.
+# prompts' prefill stays on the torch path. Each prefills a ragged batch in blocks of $bs = 4$,
+# decodes 20 tokens for every sequence, and compares every decode step's logits with a from-scratch
+# run of the same tokens, within $10^{-5}$, as blocks fill and new blocks are taken. The first batch
+# holds prompts of $bs - 1$ and $2bs + 1$ tokens, the second $bs$ and $bs + 1$. The model is the
+# course's tiny Qwen3 cut to one layer with one head: the interpreter runs each program of these
+# steps in Python, and the other checks have already covered heads and groups.
 
-# %% nbgrader={"grade": true, "grade_id": "ch06_test_decode_in_engine", "locked": true, "points": 5, "schema_version": 3, "solution": false}
-ch06.check_decode_in_engine(paged_decode_head_program)
+# %% nbgrader={"grade": true, "grade_id": "ch06_test_decode_in_engine", "locked": true, "points": 3, "schema_version": 3, "solution": false}
+ch06.check_decode_in_engine(paged_decode_head_program, lengths=[3, 9])
+
+# %% nbgrader={"grade": true, "grade_id": "ch06_test_decode_in_engine_edges", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+ch06.check_decode_in_engine(paged_decode_head_program, lengths=[4, 5])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_speed_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 6.5 How fast is it?

@@ -449,19 +449,20 @@ def _one_thread():
 
 
 @check
-def check_decode_in_engine(kernel, block_size: int = 4, steps: int = 20) -> None:
-    """The milestone: the kernel in the engine's paged cache gives from-scratch logits over a ragged batch."""
+def check_decode_in_engine(kernel, lengths=None, block_size: int = 4, steps: int = 20) -> None:
+    """The milestone: the kernel in the engine's paged cache gives from-scratch logits over a ragged
+    batch of prompts (default bs-1, bs, bs+1, 2bs+1 tokens), prefill then `steps` decode steps."""
     _need_triton()
+    bs = block_size
+    lens = list(lengths or [bs - 1, bs, bs + 1, 2 * bs + 1])
     with _one_thread():
-        _decode_in_engine(kernel, block_size, steps)
+        _decode_in_engine(kernel, lens, bs, steps)
 
 
-def _decode_in_engine(kernel, block_size: int, steps: int) -> None:
+def _decode_in_engine(kernel, lens: list[int], bs: int, steps: int) -> None:
     from engine.generate import cached_step, scratch_logits
     model = engine_model()
-    bs = block_size
-    lens = [bs - 1, bs, bs + 1, 2 * bs + 1]
-    prompts = [seeded_tokens(n, seed=60 + i) for i, n in enumerate(lens)]
+    prompts = [seeded_tokens(n, seed=60 + n) for n in lens]
     blocks = sum(-(-(n + steps) // bs) for n in lens) + 4
     cache = kernel_cache_class(kernel)(model.config, blocks, block_size=bs, attention="torch")
     seqs = list(range(len(lens)))
