@@ -7,6 +7,8 @@ from engine.cache.slots import blocks_needed
 from engine.checks import ch05
 from fixtures.check_support import fails
 
+pytestmark = pytest.mark.usefixtures("one_thread")     # the tiny model is fastest on one thread
+
 PIECE_CHECKS = [ch05.check_chain, ch05.check_matches, ch05.check_attach, ch05.check_remember,
                 ch05.check_evict]
 
@@ -211,6 +213,29 @@ class EmptyPromptAccepted(PrefixCache):
         return super().attach(seq, prompt, salt, extra_keys)
 
 
+class AlwaysHoldsOneBack(PrefixCache):
+    """Leaves one token to prefill even when the cached blocks do not cover the whole prompt."""
+
+    def attach(self, seq, prompt, salt=None, extra_keys=()):
+        reused = super().attach(seq, prompt, salt, extra_keys)
+        if reused and reused % self.cache.block_size == 0:
+            self.cache.set_length(seq, reused - 1)
+            self.tokens_saved -= 1
+            return reused - 1
+        return reused
+
+
+class DetachTakesAHitBack(PrefixCache):
+    """Takes back a hit on every detach, also after an attach that reused nothing."""
+
+    def detach(self, seq):
+        reused = self.cache.length(seq)
+        self.cache.free(seq)
+        self.queries -= 1
+        self.hits -= 1
+        self.tokens_saved -= reused
+
+
 class DetachKeepsTheCount(PrefixCache):
     """Undoes the admission but not the hit it counted (the engine's own bug, once)."""
 
@@ -313,6 +338,15 @@ class ForgetLeavesParentStuck(PrefixCache):
         self.cache.allocator.release(entry.block)
 
 
+class EvictsOnePerCall(PrefixCache):
+    def evict(self, blocks_wanted):
+        if self.cache.allocator.num_free < blocks_wanted and self.lru:
+            _, entry = self.lru.popitem(last=False)
+            self.forget(entry)
+            return 1
+        return 0
+
+
 class EvictableAtRefcountZero(PrefixCache):
     """Forgets the cache's own reference: waits for refcount 0, which never comes."""
 
@@ -367,6 +401,8 @@ class ForgetKeepsTheOldKey(PrefixCache):
     (ch05.check_attach, NothingLeftToPrefill, ["both cached", "expected 7, got 8", "nothing to prefill"]),
     (ch05.check_attach, HitWithoutReference, ["refcounts of the cached blocks", "expected [4, 3], got [2, 2]",
                                               "adds an owner"]),
+    (ch05.check_attach, AlwaysHoldsOneBack, ["expected 8, got 7", "one token short"]),
+    (ch05.check_attach, DetachTakesAHitBack, ["reused nothing", "a hit only if that attach reused"]),
     (ch05.check_attach, EmptyPromptAccepted, ["attach(9, [])", "ValueError to be raised"]),
     (ch05.check_attach, DetachKeepsTheCount, ["that detach undid", "admission that was then undone"]),
     # remember
@@ -382,6 +418,7 @@ class ForgetKeepsTheOldKey(PrefixCache):
     (ch05.check_evict, EvictsParentsFirst, ["evictable(e2)", "parent was evicted before its leaf"]),
     (ch05.check_evict, ForgetLeavesParentStuck, ["expected [f2, e3, e2, e1], got [f2, e3]",
                                                  "parent whose last child was evicted"]),
+    (ch05.check_evict, EvictsOnePerCall, ["expected 3, got 1", "a while loop"]),
     (ch05.check_evict, EvictableAtRefcountZero, ["evictable(f2)", "refcount 1, not 0"]),
     (ch05.check_evict, ForgetDoesNotRelease, ["blocks freed in the pool", "release the cache's own reference"]),
     (ch05.check_evict, ParentToTheBack, ["expected [g2, g1, h1], got [g2, h1, g1]", "to the FRONT of the line"]),
