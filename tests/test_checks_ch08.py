@@ -52,7 +52,8 @@ def test_stub_is_not_implemented(check):
 # ---- planted bugs in quantize_into: each is the reference with one thing wrong ----------------------
 
 def quantize(cache, pool, scales, blocks, offsets, rows, *, fresh=True, grow=True, requantize=True,
-             per_head=True, divisor=QMAX, rounding=torch.round, pool_scale=False, shrink=False):
+             per_head=True, divisor=QMAX, rounding=torch.round, pool_scale=False, shrink=False,
+             floor=SCALE_FLOOR):
     """The reference quantize_into, with switches that plant the classic bugs."""
     touched, where = torch.unique(blocks, return_inverse=True)
     need = rows.abs().amax(dim=-1).float() / divisor
@@ -66,11 +67,11 @@ def quantize(cache, pool, scales, blocks, offsets, rows, *, fresh=True, grow=Tru
     first.scatter_reduce_(0, where, offsets, "amin")
     old = torch.where((first > 0)[:, None], scales[touched], 0.0) if fresh else scales[touched].clone()
     if shrink:
-        new = torch.where((first > 0)[:, None] & (wanted == 0), old, wanted).clamp(min=SCALE_FLOOR)
+        new = torch.where((first > 0)[:, None] & (wanted == 0), old, wanted).clamp(min=floor)
     elif grow:
-        new = torch.maximum(old, wanted).clamp(min=SCALE_FLOOR)
+        new = torch.maximum(old, wanted).clamp(min=floor)
     else:                                            # the first write fixes the scale
-        new = torch.where(old > 0, old, wanted).clamp(min=SCALE_FLOOR)
+        new = torch.where(old > 0, old, wanted).clamp(min=floor)
     if requantize:
         kept = pool[touched].float() * (old / new)[:, :, None, None]
         pool[touched] = rounding(kept).clamp(-QMAX, QMAX).to(pool.dtype)
@@ -95,6 +96,7 @@ OneScalePerBlock = planted("OneScalePerBlock", per_head=False)
 OneScaleForThePool = planted("OneScaleForThePool", pool_scale=True)
 Divides128 = planted("Divides128", divisor=128)
 ScaleShrinks = planted("ScaleShrinks", shrink=True)
+NoScaleFloor = planted("NoScaleFloor", floor=0.0)
 
 
 class RescalesOtherBlocks(QuantizedPagedKVCache):
@@ -147,6 +149,11 @@ class ScaleByPosition(QuantizedPagedKVCache):
         return pool[blocks].to(self.read_dtype) * scales[position][..., None, None]
 
 
+class ReadsInFloat64(QuantizedPagedKVCache):
+    def dequantize(self, pool, scales, blocks):
+        return pool[blocks].double() * scales[blocks][..., None, None].double()
+
+
 class OneScaleAcrossHeads(QuantizedPagedKVCache):
     def dequantize(self, pool, scales, blocks):
         return pool[blocks].to(self.read_dtype) * scales[blocks].mean(dim=-1)[..., None, None, None]
@@ -191,6 +198,8 @@ class WritesIntoTheSharedBlock(QuantizedPagedKVCache):
     (ch08.check_quantize_on_write, FreshPerWrite, ["fresh block 5", "decide per block"]),
     (ch08.check_int8_logits, FreshPerWrite, ["from-scratch run", "decide per block"]),
     (ch08.check_quantize_on_write, RowByRow, ["one step off", "one at a time"]),
+    (ch08.check_quantize_on_write, NoScaleFloor, ["all-zero token", "SCALE_FLOOR"]),
+    (ch08.check_dequantize_on_read, ReadsInFloat64, ["the dtype", "self.read_dtype"]),
     (ch08.check_dequantize_on_read, ForgetsTheScale, ["raw codes", "multiply each code by its block's scale"]),
     (ch08.check_dequantize_on_read, ScaleByPosition, ["by position in `blocks`", "scales[blocks]"]),
     (ch08.check_dequantize_on_read, OneScaleAcrossHeads, ["each KV head has its own scale"]),

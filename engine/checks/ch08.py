@@ -23,6 +23,7 @@ from engine.generate import cached_step, scratch_logits
 from engine.seeded import seeded_tokens
 
 QMAX = 127
+SCALE_FLOOR = 1e-12          # the engine's floor for the scale of an all-zero block
 # Logits through int8 blocks vs the fp32 from-scratch run: the engine's int8 cache stays within
 # about 0.13 on the tiny model (logits of magnitude ~3); a scale set once and clamped is off by ~1-3.
 INT8_ATOL = 0.25
@@ -206,6 +207,15 @@ def check_quantize_on_write(cls) -> None:
              "scale = this write's largest |value| per head / 127")
     _expect_codes(pool[6, :, :2].transpose(0, 1), fresh, want.expand(2, heads),
                   "block 6 written afresh", several_rows=True)
+
+    # 6. An all-zero token into a fresh block: the scale stays positive, the codes are 0.
+    _write(cache, pool, scales, [7], [0], torch.zeros(1, heads, dim))
+    if not bool((scales[7] >= SCALE_FLOOR).all()) or bool(pool[7, :, 0].any()):
+        fail("after writing an all-zero token into fresh block 7: (its scales, any nonzero code?)",
+             (f"every scale >= SCALE_FLOOR ({SCALE_FLOOR:g})", False),
+             (scales[7].tolist(), bool(pool[7, :, 0].any())),
+             "an all-zero block still needs a positive scale: new scale at least SCALE_FLOOR "
+             "(.clamp(min=SCALE_FLOOR)), or x / scale is 0 / 0 = NaN")
     passed("quantize_into: one scale per block per head (max|x| / 127), rounded codes, a scale that grows "
            "with re-rounded codes and never shrinks, a fresh start at offset 0, other blocks untouched")
 
@@ -231,6 +241,9 @@ def check_dequantize_on_read(cls) -> None:
     if not got.is_floating_point():
         fail(f"{what}: the dtype", "a floating dtype (cache.read_dtype)", str(got.dtype),
              "convert the codes to floats before multiplying: int8 * scale would not hold the value")
+    if got.dtype != cache.read_dtype:
+        fail(f"{what}: the dtype", str(cache.read_dtype), str(got.dtype),
+             "return the values in self.read_dtype: codes.to(self.read_dtype) times the scales")
     got = got.float()
     if torch.allclose(got, pool[blocks].float()):
         fail(f"{what}: the values are the raw codes", hint="multiply each code by its block's scale: "
