@@ -236,7 +236,7 @@ print(f"engine default: preemption={config.preemption!r}, "
 # and recomputes shorter ones; the threshold is a knob (see Going deeper). vLLM recomputes by
 # default, which also needs no host memory at all.
 #
-# ### Exercise 7.2 — `reserve_or_preempt`, `choose_victim`, `preempt` (2 + 4 + 3 points)
+# ### Exercise 7.2 — `reserve_or_preempt`, `choose_victim`, `preempt` (3 + 2 + 4 points)
 #
 # * `reserve_or_preempt(seq, count, scheduled)`: loop: try `self.cache.reserve(seq.seq_id, count)`
 #   and return True when it works. On `MemoryError`: if `self.evict_for(seq, count)` freed anything,
@@ -332,13 +332,13 @@ ch07.check_parallel_sampling(Sampling)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_milestone_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 7.6 The milestone: serving under pressure
 #
-# The next cell puts your three scheduler cells together into one class (later classes first, so each
-# method comes from the exercise that defines it) and runs it with your `PagedKVCache` in the real
-# engine. Six greedy requests with prompts of $b - 1$, $b$, $b + 1$, $2b + 1$, $3b + 2$ and $4b + 3$
-# tokens (blocks of $b$), 21 output tokens each, share a pool that holds the longest request plus four
-# blocks. A chunk budget of $4b$ tokens per step makes long prompts prefill over several steps, victims
-# of $6b$ tokens or more are swapped and shorter ones recomputed, and one request is aborted after
-# 12 engine steps, while it still holds blocks.
+# The next cell puts your three scheduler cells together into one class (later classes first, so
+# each method comes from the exercise that defines it) and runs it with your `PagedKVCache` in the
+# real engine (6 points). Six greedy requests with prompts of $b - 1$, $b$, $b + 1$, $2b + 1$,
+# $3b + 2$ and $4b + 3$ tokens (blocks of $b$), 21 output tokens each, share a pool that holds the longest
+# request plus four blocks. A chunk budget of $4b$ tokens per step makes long prompts prefill over
+# several steps, victims of $6b$ tokens or more are swapped and shorter ones recomputed, and one
+# request is aborted after 12 engine steps, while it still holds blocks.
 #
 # Every surviving request's output must equal its solo run token for token, every logit it sampled
 # from must equal a from-scratch run of its history within $10^{-5}$, both kinds of preemption must

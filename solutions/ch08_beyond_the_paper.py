@@ -240,12 +240,12 @@ ch08.check_copy_on_write_carries_scales(QuantizedPagedKVCache)
 # damage of a scale fixed at the first token, with later tokens clamped. They add what quantization must never break: a block another sequence reads stays *bit
 # for bit* the same.
 #
-# The first check forks a sequence in the middle of a block and lets the child write (its copy of the
-# partial block must carry the scales; the parent's blocks must not change), swaps the child out and
-# back in, and serves a prompt that reuses two int8 blocks from the prefix cache. The second is the
-# decisive one: a ragged batch of 4 sequences (lengths $b-1, b, b+1, 2b+1$), prefilled and decoded
-# for 20 steps, with a fork and a swap on the way; every step's logits against an fp32 from-scratch
-# run of the same tokens.
+# The first check (3 points) forks a sequence in the middle of a block and lets the child write (its
+# copy of the partial block must carry the scales; the parent's blocks must not change), swaps the
+# child out and back in, and serves a prompt that reuses two int8 blocks from the prefix cache. The
+# second (5 points) is the decisive one: a ragged batch of 4 sequences (lengths
+# $b-1, b, b+1, 2b+1$), prefilled and decoded for 20 steps, with a fork and a swap on the way; every
+# step's logits against an fp32 from-scratch run of the same tokens.
 
 # %% nbgrader={"grade": true, "grade_id": "ch08_test_sharing", "locked": true, "points": 3, "schema_version": 3, "solution": false}
 print(f"INT8_ATOL = {INT8_ATOL}")
