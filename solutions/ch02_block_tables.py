@@ -548,5 +548,15 @@ free_all(your_cache)
 # * The allocator's reference counts say how many owners each block has; only the last release frees
 #   a block, and a failed allocation changes nothing.
 #
+# **Going deeper.**
+# * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
+#   (SOSP 2023): the paper that brought block tables to the KV cache, and its analogy with an
+#   operating system's virtual memory.
+# * vLLM's `vllm/v1/core/block_pool.py`: a production free-block queue with reference counts, the
+#   bookkeeping your `BlockAllocator` does.
+# * PMPP (Hwu, Kirk, El Hajj), §20.7, on the memory needs of attention.
+# * Any operating-systems text on paging: logical pages, physical frames, page tables, and why
+#   fixed-size pages leave no external fragmentation.
+#
 # **Next.** Chapter 3 builds the paged cache itself: `reserve`, `set_batch` and the
 # scatter/gather of K and V through the tables. Chapter 4 lets several sequences share blocks.

@@ -510,5 +510,16 @@ print("your cache draws the engine's samples:", your_outputs == outputs)
 # * In practice only the shared, partially filled last block is ever copied, so $n$ samples of a long
 #   prompt cost one copy of its full blocks plus about one block per sample.
 #
+# **Going deeper.**
+# * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
+#   (SOSP 2023): parallel sampling and beam search share blocks through reference counts and
+#   copy-on-write, as in this chapter.
+# * vLLM's `vllm/v1/core/block_pool.py` and `kv_cache_manager.py`: reference-counted blocks in a
+#   production engine.
+# * Zheng et al., *SGLang: Efficient Execution of Structured Language Model Programs* (2024):
+#   RadixAttention shares cached blocks across requests through a prefix tree (chapter 5 builds a
+#   simpler prefix cache).
+# * `fork()` with copy-on-write pages in Unix: the operating-system idea this chapter borrows.
+#
 # **Next.** Chapter 5 (coming) shares blocks *across requests*: a prefix cache keyed by chained block
 # hashes, with LRU eviction of blocks nobody uses.
