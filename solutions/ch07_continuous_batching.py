@@ -46,8 +46,9 @@
 # for token, every logit a from-scratch run within $10^{-5}$, and that no block leak.
 #
 # **Which cells need your code.** Figures and benchmarks use the engine's reference scheduler and run
-# before you have written anything. Two cells headed **With your code** run yours, after the tests of
-# the exercises they need; until then they stop with `NotImplementedError`, which is expected.
+# before you have written anything. Besides the graded checks, one cell, headed **With your code**,
+# runs yours, after the milestone; until all four exercises are done it stops with
+# `NotImplementedError`, which is expected.
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_setup", "locked": true, "schema_version": 3, "solution": false}
 import math

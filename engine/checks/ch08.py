@@ -280,7 +280,13 @@ def _block_bytes(cache, block: int) -> list[torch.Tensor]:
 def check_copy_on_write_carries_scales(cls) -> None:
     """copy_on_write: the paged cache's copy, plus the block's scales in every layer, K and V."""
     cache = _cache(cls, num_blocks=16)
-    _prefill(cache, 0, seeded_tokens(10, seed=11))             # blocks of 4: full, full, half
+    cache.create(0)
+    cache.reserve(0, 10)                                       # blocks of 4: full, full, half
+    generator = torch.Generator().manual_seed(11)              # codes and scales set by hand, so
+    for pool in list(cache.k_pools) + list(cache.v_pools):     # quantize_into is not needed here
+        pool.copy_(torch.randint(-QMAX, QMAX + 1, pool.shape, generator=generator).to(pool.dtype))
+    for scales in list(cache.k_scales) + list(cache.v_scales):
+        scales.copy_(torch.rand(scales.shape, generator=generator) * 0.1 + 0.01)
     table = list(cache.tables[0])
     before = [t.clone() for t in list(cache.k_scales) + list(cache.v_scales)]
     cache.copy_on_write(0, 2)                                  # private: nothing to do
