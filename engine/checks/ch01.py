@@ -335,8 +335,9 @@ def check_static_update(cls) -> None:
     lengths are committed."""
     _drive_update(cls)
     passed(f"StaticKVCache.update: 3 ragged steps over sequences in slot rows that differ from batch "
-           f"rows, one sequence filling its {UPDATE_CAPACITY}-slot row exactly; padding never written, "
-           "each row's history and kv_lens right after every layer, lengths committed on the last layer")
+           f"rows, one row all padding, one sequence filling its {UPDATE_CAPACITY}-slot row exactly; "
+           "padding never written, each row's history and kv_lens right after every layer, lengths "
+           "committed on the last layer")
 
 
 @contextlib.contextmanager
