@@ -61,7 +61,8 @@ def test_release_fetch_submit_collect_autograde_feedback_export():
         if student == "bob":
             notebook.cells.insert(3, nbformat.v4.new_code_cell(NOOP_CHECKS))
         nbformat.write(notebook, path)
-        nbgrader(home, "submit", ASSIGNMENT, user=student, home=home)
+        # one OS account for both here: name the student (on JupyterHub each student is their own user)
+        nbgrader(home, "submit", ASSIGNMENT, f"--student={student}", user=student, home=home)
 
     nbgrader(course, "collect", ASSIGNMENT)
     nbgrader(course, "autograde", ASSIGNMENT, "--force")
@@ -69,7 +70,7 @@ def test_release_fetch_submit_collect_autograde_feedback_export():
     nbgrader(course, "release_feedback", ASSIGNMENT)
     for student in ("ada", "bob"):
         home = homes / student
-        nbgrader(home, "fetch_feedback", ASSIGNMENT, user=student, home=home)
+        nbgrader(home, "fetch_feedback", ASSIGNMENT, f"--student={student}", user=student, home=home)
         assert list((home / ASSIGNMENT / "feedback").rglob(f"{SEALED_CHAPTER.stem}.html")), student
     nbgrader(course, "export", "--to", str(course / "grades.csv"))
     scores = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader((course / "grades.csv").open())}

@@ -436,7 +436,7 @@ def main() -> None:
                 if kind == "learner":
                     if event.startswith("marshal.") and not immediate:
                         return
-                    state["events"].append(reason + (" @" + frame.f_code.co_filename if os.environ.get("SEAL_DEBUG") else ""))
+                    state["events"].append(reason)
                     raise ValueError(f"graded code may not {reason} (the grader refused {event})")
                 if kind == "engine" and frame.f_code.co_filename == _harness:
                     return  # the grader's own code (learner code it runs sits above it on the stack)
