@@ -148,7 +148,8 @@ def check_admit(cls) -> None:
     expect_equal(got, 3, what,
                  "only the uncached tokens are prefilled: set seq.num_computed = seq.cached_tokens = what "
                  "self.attach(seq) returned, then count = min(seq.num_pending, budget)")
-    expect_equal((seq.num_computed, seq.cached_tokens), (12, 12), "(num_computed, cached_tokens) after that admit")
+    expect_equal((seq.num_computed, seq.cached_tokens), (12, 12), "(num_computed, cached_tokens) after that admit",
+                 "set both to what self.attach(seq) returned: seq.num_computed = seq.cached_tokens = reused")
     sched.finish(seq, "length")
     sched.add(filler)
     got = sched.admit(filler, 64)
@@ -346,7 +347,8 @@ def check_swap(cache_cls, block_size: int = 4) -> None:
     seqs[2] = list(seqs[1])
     saved, free = _logical_blocks(cache, 0), cache.allocator.num_free
     moved = cache.swap_out(0)
-    expect_equal(moved, 3, f"swap_out of a {3 * bs - 1}-token sequence in blocks of {bs}: blocks copied")
+    expect_equal(moved, 3, f"swap_out of a {3 * bs - 1}-token sequence in blocks of {bs}: blocks copied",
+                 "return the number of blocks copied: blocks_needed(length, self.block_size)")
     if 0 in cache.tables or cache.allocator.num_free != free + 3:
         fail("after swap_out(0): (sequence 0 still has a table?, free blocks)", (False, free + 3),
              (0 in cache.tables, cache.allocator.num_free), "release every block of the table and drop it")
