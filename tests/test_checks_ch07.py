@@ -274,13 +274,16 @@ def test_bug_is_caught(check, bug, words):
 
 
 @pytest.mark.parametrize("bug", [RecomputeNotReset, OldestVictim, PreemptNeverFrees, AdmitWithoutRoomCheck,
-                                 ForkSharesSeed], ids=lambda b: b.__name__)
+                                 ForkSharesSeed, AdmitCountsCachedTokens, TrueAfterEvicting, ModeFromConfig,
+                                 ForkStartsFromZero], ids=lambda b: b.__name__)
 def test_scheduler_bugs_fail_only_their_exercise(bug):
     """A bug in one exercise leaves the checks of the others passing."""
     exercise = {RecomputeNotReset: {"check_preempt"},
                 PreemptNeverFrees: {"check_preempt", "check_reserve_or_preempt"},
                 OldestVictim: {"check_choose_victim", "check_reserve_or_preempt"},
-                AdmitWithoutRoomCheck: {"check_admit"}, ForkSharesSeed: {"check_parallel_sampling"}}[bug]
+                AdmitWithoutRoomCheck: {"check_admit"}, ForkSharesSeed: {"check_parallel_sampling"},
+                AdmitCountsCachedTokens: {"check_admit"}, TrueAfterEvicting: {"check_reserve_or_preempt"},
+                ModeFromConfig: {"check_preempt"}, ForkStartsFromZero: {"check_parallel_sampling"}}[bug]
     for check in SCHEDULER_CHECKS:
         if check.__name__ in exercise:
             fails(check, bug)
