@@ -229,10 +229,10 @@ print(f"engine default: preemption={config.preemption!r}, "
 # for 1 token or 64, and swap looks cheaper at every length. But a recomputed victim is prefilled
 # inside a step that runs anyway: added to 16 decodes, a short victim's prefill costs almost nothing,
 # because that step reads the weights regardless and has compute to spare, while its swap still
-# moves every byte twice. A long victim makes the step compute-bound, so its prefill costs FLOPs that
-# grow with its length (and attention with its square), and swap, whose cost grows with the bytes
-# only, catches up and then wins. So short victims favour recompute and long ones swap, and where
-# the two meet depends on the model, the GPU and what else runs. The engine's default
+# moves every byte twice. A long victim makes the step compute-bound: its prefill costs FLOPs that
+# grow with its length (attention's with its square), so its cost catches up with swap's, which
+# grows with the bytes only, and then passes it. So short victims favour recompute and long ones
+# swap, and where the two meet depends on the model, the GPU and what else runs. The engine's default
 # `preemption="auto"` swaps victims with at least `swap_min_tokens` computed tokens (printed above)
 # and recomputes shorter ones; the threshold is a knob (see Going deeper). vLLM recomputes by
 # default, which also needs no host memory at all.
