@@ -105,7 +105,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         drop_tied_head(found, path)
     missing = sorted(set(expected) - set(found))
     if missing:
-        raise CheckpointError(f"checkpoint {path} lacks tensor {missing[0]!r} (shape {tuple(expected[missing[0]].shape)})"
+        shape = tuple(expected[missing[0]].shape)
+        raise CheckpointError(f"checkpoint {path} lacks tensor {missing[0]!r} (shape {shape})"
                        + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
     unexpected = sorted(set(found) - set(expected))
     if unexpected:

@@ -227,7 +227,8 @@ class HandsOutLiveBlock(BlockAllocator):
     (ch02.check_allocator_in_engine, LeakyRelease, ["releasing it", "expected 24, got 0", "(a leak)"]),
     (ch02.check_allocator_in_engine, EagerRelease, ["refcount of the child's block", "expected 1, got 0",
                                                     "freed the child's block"]),
-    (ch02.check_allocator_in_engine, HandsOutLiveBlock, ["from-scratch run", "max |Δ|", ("twice", "in the tables of both"), "still in use"]),
+    (ch02.check_allocator_in_engine, HandsOutLiveBlock,
+     ["from-scratch run", "max |Δ|", ("twice", "in the tables of both"), "still in use"]),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_allocator_bug_is_caught(check, bug, words):
     message = fails(check, bug)

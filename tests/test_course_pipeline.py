@@ -105,11 +105,13 @@ def test_a_dead_kernel_in_a_real_chapter_costs_only_that_exercise(solutions_grad
     # the earlier cells, and every later exercise (the allocator in the engine included) still passes.
     name = "ch02_block_tables"
     dying = with_cell_edited(expanded(CHAPTERS[name]), "ch02_slot_index",
-                             lambda s: s.replace("block, offset = physical_slot(", "import os; os._exit(1)\n    block, offset = physical_slot("))
+                             lambda s: s.replace("block, offset = physical_slot(",
+                                                 "import os; os._exit(1)\n    block, offset = physical_slot("))
     folder = BUILD / "pipeline" / "dying"
     write_notebook(dying, folder, name)
     got, full = scores(grade_json(folder, REPO / "solutions")), possible(solutions_graded)
-    expected = {key: (0 if key[1] == "ch02_test_slot_index" else points) for key, points in full.items() if key[0] == name}
+    expected = {key: (0 if key[1] == "ch02_test_slot_index" else points)
+                for key, points in full.items() if key[0] == name}
     assert {key: got[key] for key in expected} == expected
 
 

@@ -52,7 +52,8 @@ def test_learner_edition_has_stubs_and_no_answers_hidden_tests_or_pairing(chapte
         assert cell.get("outputs", []) == []
         if cells.is_test(cell):
             assert cell.metadata.get("editable") is False and cell.metadata.get("deletable") is False
-    hidden = [line for c in source.cells for region in cells.marked_regions(c.source, cells.BEGIN_HIDDEN, cells.END_HIDDEN)
+    hidden = [line for c in source.cells
+              for region in cells.marked_regions(c.source, cells.BEGIN_HIDDEN, cells.END_HIDDEN)
               for line in region if line.strip()]
     assert not [line for line in hidden if line in text.splitlines()]
 

@@ -35,7 +35,8 @@ def test_paged_sweep_plots_utilization_against_block_size(capsys, tmp_path):
     utilization = [row["utilization"] for row in got["sweep"]]
     tables = [row["mean_table_length"] for row in got["sweep"]]
     assert utilization[0] == 1.0 and utilization == sorted(utilization, reverse=True)
-    assert tables == sorted(tables, reverse=True) and tables[0] > 64 * tables[-1]   # 128x fewer entries, less the rounding up of the last block
+    # 128x fewer entries, less the rounding up of the last block
+    assert tables == sorted(tables, reverse=True) and tables[0] > 64 * tables[-1]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -243,7 +243,8 @@ def graded_tests(notebook) -> list[int]:
 
 
 def common_checks(name, notebook, states, explored):
-    assert len(states) == len(notebook.cells), f"{name}: {len(states)} cells on screen, {len(notebook.cells)} in the file"
+    assert len(states) == len(notebook.cells), \
+        f"{name}: {len(states)} cells on screen, {len(notebook.cells)} in the file"
     raw = [i for i, s in enumerate(states) if s["rawMath"]]
     assert not raw, f"{name}: cells {raw[:5]} show TeX instead of typeset math"
     if explored is not None:
@@ -293,7 +294,8 @@ def test_the_solved_chapter_shows_every_check_mark(lab_static_explorers, browser
         page.screenshot(path=str(ARTIFACTS / f"lab-{chapter.stem}-solved.png"))
         common_checks(name, notebook, states, None)
         unrun = [i for i, s in enumerate(states) if s["code"] and not re.search(r"\d", s["prompt"])]
-        assert not unrun, f"{name}: the run stopped; cells {unrun[:5]} never ran: {states[unrun[0] - 1]['output'][-800:]}"
+        assert not unrun, \
+            f"{name}: the run stopped; cells {unrun[:5]} never ran: {states[unrun[0] - 1]['output'][-800:]}"
         errors = [i for i, s in enumerate(states) if s["error"]]
         assert not errors, f"{name}: cell {errors[0]} shows an error: {states[errors[0]]['output'][-800:]}"
         unchecked = [cells.grade_id(notebook.cells[i]) for i in graded_tests(notebook)
@@ -322,7 +324,8 @@ def test_every_chapter_opens_in_the_lab_and_its_setup_runs(lab, browser, chapter
         menu(page, "Run", "Run Selected Cell and Do not Advance")
         states = wait_until_idle(page)
         assert re.search(r"\d", states[setup]["prompt"]), f"{chapter.stem}: the setup cell did not run"
-        assert not states[setup]["output"].strip(), f"{chapter.stem}: the setup cell printed {states[setup]['output'][:300]!r}"
+        assert not states[setup]["output"].strip(), \
+            f"{chapter.stem}: the setup cell printed {states[setup]['output'][:300]!r}"
         raw = [i for i, s in enumerate(states) if s["rawMath"]]
         assert not raw, f"{chapter.stem}: cells {raw[:5]} show TeX instead of typeset math"
         assert not context.refused, f"the lab reached for the network: {context.refused[:5]}"

@@ -32,7 +32,8 @@ def test_constraints_agree_with_requirements():
     for pin in pins((ROOT / "requirements.txt").read_text().splitlines()):
         name, version = pin.split(";")[0].split("==")
         if name not in ("torch", "triton"):
-            assert constraints.get(name) == version, f"{name}: requirements {version}, constraints {constraints.get(name)}"
+            assert constraints.get(name) == version, \
+                f"{name}: requirements {version}, constraints {constraints.get(name)}"
 
 
 LAYOUT = {"book", "notebooks", "engine", "solutions", "tests", "environment.yml", "Makefile", "README.md"}

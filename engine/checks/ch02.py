@@ -96,7 +96,7 @@ def check_blocks_needed(blocks_needed) -> None:
             want = -(-n // bs)
             expect_equal(blocks_needed(n, bs), want, f"blocks_needed({n}, {bs})",
                          f"{n} tokens fill {n // bs} whole block(s) of {bs}"
-                         + (f" and start one more" if n % bs else ", with no partial block"))
+                         + (" and start one more" if n % bs else ", with no partial block"))
             checked += 1
     passed(f"blocks_needed: {checked} lengths, including bs-1, bs, bs+1 and 2bs+1; 40 tokens in "
            f"blocks of 16 need {blocks_needed(40, 16)}")

@@ -519,7 +519,8 @@ def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int 
                  "every block is either free or held by the cache alone")
     passed(f"your prefix cache in the engine: the demo gives {demo['tokens_prefilled']} of "
            f"{demo['prompt_tokens']} tokens prefilled and {demo['blocks_in_use']} blocks "
-           f"({demo['blocks_without_sharing']} without sharing); {len(served)} requests (bs {bs}), {stats['tokens_saved']} prompt tokens reused, "
+           f"({demo['blocks_without_sharing']} without sharing); {len(served)} requests (bs {bs}), "
+           f"{stats['tokens_saved']} prompt tokens reused, "
            f"{sum(engine.scheduler.preemptions.values())} preemptions, every logit within {ATOL:g} of from scratch")
 
 

@@ -456,7 +456,7 @@ def check_parallel_sampling(cls, n: int = 4, seed: int = 100) -> None:
                  "Status.RUNNING, appended to self.running")
     full = [cache.tables[ids[0]][i] for i in range(3)]
     expect_equal([cache.allocator.refcount(b) for b in full], [n] * 3,
-                 f"after the prefill step: refcounts of the prompt's 3 full blocks",
+                 "after the prefill step: refcounts of the prompt's 3 full blocks",
                  f"each child shares every block of the parent (cache.fork): {n} owners each")
     expect_equal(cache.allocator.num_free, 32 - 4, "after the prefill step: free blocks",
                  "a fork allocates nothing: the prompt's 4 blocks are stored once")
@@ -469,7 +469,7 @@ def check_parallel_sampling(cls, n: int = 4, seed: int = 100) -> None:
         if sample != solos[i]:
             same = [j for j in range(n) if solos[j] == sample]
             hint = (f"it drew what seed {seed + same[0]} draws: " if same else "") + (
-                f"sample i must draw from its own generator, make_generator(request.seed + i)")
+                "sample i must draw from its own generator, make_generator(request.seed + i)")
             fail(f"sample {i} of a request for n={n} with seed {seed}, compared with a solo run with seed "
                  f"{seed + i}", solos[i], sample, hint)
     if len({tuple(o) for o in request.outputs}) < 2:

@@ -126,7 +126,7 @@ def check_quantize_on_write(cls) -> None:
     codes, a fresh start at offset 0, and no change to any block that is not written."""
     cache = _cache(cls)
     pool, scales = cache.k_pools[0], cache.k_scales[0]
-    heads, size, dim = pool.shape[1], pool.shape[2], pool.shape[3]
+    heads, dim = pool.shape[1], pool.shape[3]
 
     # 1. Three tokens into an empty block, in one write; head 1 is five times larger than head 0.
     rows = _rows(3, seed=1, heads=heads, dim=dim, magnitudes=[1.0, 5.0][:heads])
