@@ -21,6 +21,7 @@ import functools
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,14 +109,22 @@ class Sandbox:
 
     def close(self) -> None:
         """Remove the pids cgroup (its processes are gone by now)."""
-        if self.cgroup is not None:
+        if self.cgroup is None:
+            return
+        for _ in range(50):  # killed processes take a moment to leave the cgroup
             try:
-                for pid in (self.cgroup / "cgroup.procs").read_text().split():
+                pids = (self.cgroup / "cgroup.procs").read_text().split()
+                for pid in pids:
                     try:
                         os.kill(int(pid), 9)
                     except (ProcessLookupError, ValueError):
                         pass
-                self.cgroup.rmdir()
+                if not pids:
+                    self.cgroup.rmdir()
+                    break
+            except FileNotFoundError:
+                break
             except OSError:
                 pass
-            self.cgroup = None
+            time.sleep(0.1)
+        self.cgroup = None
