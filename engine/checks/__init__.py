@@ -13,6 +13,7 @@ exception becomes "crashed with ...", naming the function and line where it happ
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import numbers
 import os
@@ -31,6 +32,8 @@ __all__ = [
     "passed",
     "tiny",
     "ATOL",
+    "chosen_letter",
+    "one_thread",
 ]
 
 # Logits of the cached and the from-scratch path come from different reduction orders, so they are
@@ -116,6 +119,29 @@ def tiny(seed: int = 0):
     """The course's tiny seeded model, built once per process (no check changes its weights)."""
     from engine.checkpoint import tiny_model
     return tiny_model(seed=seed)
+
+
+def chosen_letter(answer: Any, question: str, variable: str, letters: str = "abcd") -> str:
+    """A multiple-choice answer as one lower-case letter ("(B)" reads as "b"); fails, in plain words,
+    when the question is unanswered or the answer is not one of the letters."""
+    options = ", ".join(f"'{letter}'" for letter in letters[:-1]) + f" or '{letters[-1]}'"
+    if answer is None:
+        fail(f"Review question {question} is not answered yet: set {variable} to {options}")
+    choice = str(answer).strip().lower().strip("()")
+    if len(choice) != 1 or choice not in letters:
+        fail(f"{question}: answer with one letter, {options} (got {answer!r})")
+    return choice
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Torch on one thread while a check runs the tiny model: on a shared CPU more threads only wait."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def passed(message: str) -> None:

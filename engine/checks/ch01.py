@@ -10,12 +10,12 @@ engine and compares every logit with a from-scratch run.
 
 from __future__ import annotations
 
-import contextlib
 import random
 
 import torch
 
-from engine.checks import ATOL, CheckFailed, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.checks import (ATOL, CheckFailed, check, chosen_letter, compare_logits, expect_equal, fail,
+                           one_thread, passed, tiny)
 from engine.config import ModelConfig, known_config
 from engine.seeded import seeded_tokens
 
@@ -340,16 +340,6 @@ def check_static_update(cls) -> None:
            "committed on the last layer")
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """The tiny model runs fastest on one thread; more only add contention on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
 
 @check
 def check_static_cache_in_engine(cls, bs: int = 4, decode_steps: int = 20, seed: int = 0) -> None:
@@ -382,7 +372,7 @@ def check_static_cache_in_engine(cls, bs: int = 4, decode_steps: int = 20, seed:
             seqs[s] = seqs[s] + new[s]
 
     crash = None
-    with _one_thread():
+    with one_thread():
         try:
             step(prompts, f"after prefilling a ragged batch of lengths {lengths}")
             newcomer = len(lengths)
@@ -527,11 +517,7 @@ def check_review_recompute(answer) -> None:
 @check
 def check_review_kv_heads(answer) -> None:
     """Which change halves the KV bytes per token (choice b: halve num_key_value_heads)."""
-    if answer is None:
-        fail("Review question R2 is not answered yet: set r2_answer to 'a', 'b', 'c' or 'd'")
-    choice = str(answer).strip().lower().strip("()")
-    if choice not in ("a", "b", "c", "d"):
-        fail(f"R2: answer with one letter, 'a', 'b', 'c' or 'd' (got {answer!r})")
+    choice = chosen_letter(answer, "R2", "r2_answer")
     if choice == "b":
         passed("R2: halving the KV heads halves every layer's K and V")
         return

@@ -16,7 +16,8 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
-from engine.checks import ATOL, check, compare_logits, expect_equal, expect_raises, fail, passed, tiny
+from engine.checks import (ATOL, check, chosen_letter, compare_logits, expect_equal, expect_raises, fail,
+                           passed, tiny)
 from engine.demos.prefix import run as run_prefix_demo
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
@@ -558,11 +559,7 @@ def check_review_prefill(answer) -> None:
 @check
 def check_review_order(answer) -> None:
     """R2: which block goes first (choice c: a leaf nobody holds, released longest ago)."""
-    if answer is None:
-        fail("Review question R2 is not answered yet: set r2_answer to 'a', 'b', 'c' or 'd'")
-    choice = str(answer).strip().lower().strip("()")
-    if choice not in ("a", "b", "c", "d"):
-        fail(f"R2: answer with one letter, 'a', 'b', 'c' or 'd' (got {answer!r})")
+    choice = chosen_letter(answer, "R2", "r2_answer")
     if choice == "c":
         passed("R2: a leaf only the cache holds, released longest ago")
         return

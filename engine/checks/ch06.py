@@ -12,7 +12,6 @@ checks fail with a message that says so, and the others still run.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -20,7 +19,7 @@ import os
 import torch
 
 from engine.attention import triton_installed
-from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed
+from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, one_thread
 from engine.seeded import seeded_tokens
 
 NO_TRITON = ("Triton is not available on this platform (it ships Linux wheels only), so this kernel "
@@ -437,16 +436,6 @@ def engine_model():
     return tiny_model(seed=0, num_layers=1, num_heads=1, num_kv_heads=1)
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Torch on one thread for the tiny model's matmuls (on a busy machine, extra threads only wait)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
 
 @check
 def check_decode_in_engine(kernel, lengths=None, block_size: int = 4, steps: int = 20) -> None:
@@ -455,7 +444,7 @@ def check_decode_in_engine(kernel, lengths=None, block_size: int = 4, steps: int
     _need_triton()
     bs = block_size
     lens = list(lengths or [bs - 1, bs, bs + 1, 2 * bs + 1])
-    with _one_thread():
+    with one_thread():
         _decode_in_engine(kernel, lens, bs, steps)
 
 

@@ -15,8 +15,8 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
-from engine.checks import (ATOL, CheckFailed, check, compare_logits, expect_equal, expect_raises, fail,
-                           passed, tiny)
+from engine.checks import (ATOL, CheckFailed, check, chosen_letter, compare_logits, expect_equal, expect_raises,
+                           fail, passed, tiny)
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -645,11 +645,7 @@ def check_review_margin(answer) -> None:
 @check
 def check_review_victim(answer) -> None:
     """R2: the newest request (C, 40 tokens computed) is preempted, by recompute (below 128 tokens)."""
-    if answer is None:
-        fail("R2 is not answered yet: set r2_answer to 'a', 'b', 'c' or 'd'")
-    choice = str(answer).strip().lower().strip("()")
-    if choice not in ("a", "b", "c", "d"):
-        fail(f"R2: answer with one letter, 'a', 'b', 'c' or 'd' (got {answer!r})")
+    choice = chosen_letter(answer, "R2", "r2_answer")
     if choice == "b":
         passed("R2: C, the newest, by recompute: 40 computed tokens are below swap_min_tokens = 128")
         return

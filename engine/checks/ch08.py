@@ -18,7 +18,7 @@ import torch
 
 import engine.checkpoint  # noqa: F401  (tiny() builds the model with it: imported before any cell)
 from engine.cache.prefix import PrefixCache
-from engine.checks import CheckFailed, check, compare_logits, expect_equal, fail, passed, tiny
+from engine.checks import CheckFailed, check, chosen_letter, compare_logits, expect_equal, fail, passed, tiny
 from engine.generate import cached_step, scratch_logits
 from engine.seeded import seeded_tokens
 
@@ -595,11 +595,7 @@ def check_review_int8_bytes(answer) -> None:
 @check
 def check_review_mla_block(answer) -> None:
     """R2: the MLA block size whose bytes come closest to a 16-token Llama-3-70B block (c: 64)."""
-    if answer is None:
-        fail("Review question R2 is not answered yet: set r2_answer to 'a', 'b', 'c' or 'd'")
-    choice = str(answer).strip().lower().strip("()")
-    if choice not in ("a", "b", "c", "d"):
-        fail(f"R2: answer with one letter, 'a', 'b', 'c' or 'd' (got {answer!r})")
+    choice = chosen_letter(answer, "R2", "r2_answer")
     gqa, mla = 16 * 327_680, 69_120
     if choice == "c":
         passed(f"R2: 64 MLA tokens take {64 * mla / 2**20:.2f} MiB, against {gqa / 2**20:.0f} MiB for 16 "
