@@ -138,10 +138,34 @@ class PagedKVCache:
         if self.attention == "reference":            # gather a contiguous history, then plain attention
             keys, values, kv_lens = self.update(layer, k, v, positions)
             return reference_attention(q, keys, values, positions, kv_lens)
-        kv_lens = self.write(layer, k, v, positions)
+        own_write = type(self).write is PagedKVCache.write  # a subclass's write (a learner's) always runs
+        kv_lens = self._write_planned(layer, k, v, positions) if own_write else self.write(layer, k, v, positions)
         out = paged_attention(q.to(self.dtype), self.k_pools[layer], self.v_pools[layer], self.block_tables,
                               positions, kv_lens, backend=self.attention)
         return out.to(q.dtype)
+
+    def _write_planned(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
+        """`write`, with the slot mapping worked out once per forward instead of once per layer.
+
+        Every layer of a forward gets the same positions tensor, so layer 0 plans where each token
+        goes (and checks the positions) and the other layers reuse the plan.
+        """
+        if layer == 0 or getattr(self, "_plan", (None,))[0] is not positions:
+            self.check_positions(positions)
+            valid = positions >= 0
+            slots = slot_mapping(self.block_tables, positions, self.block_size)[valid]
+            newest = torch.where(valid, positions + 1, 0)
+            kv_lens = torch.cat([self.batch_lengths[:, None], newest], dim=1).amax(dim=1)
+            self._plan = (positions, valid, slots // self.block_size, slots % self.block_size, kv_lens)
+        _, valid, blocks, offsets, kv_lens = self._plan
+        self.k_pools[layer][blocks, :, offsets] = k.transpose(1, 2)[valid].to(self.dtype)
+        self.v_pools[layer][blocks, :, offsets] = v.transpose(1, 2)[valid].to(self.dtype)
+        if layer == len(self.k_pools) - 1:
+            for seq, n in zip(self.batch, kv_lens.tolist()):
+                self.lengths[seq] = n
+            self.batch_lengths = kv_lens
+            self._plan = (None,)
+        return kv_lens
 
     def length(self, seq: int) -> int:
         """Tokens stored for seq (also while it is swapped out)."""
