@@ -56,7 +56,8 @@ def test_a_syntax_error_costs_only_the_broken_cells_tests(tmp_path, solution):
 
 @pytest.mark.slow
 def test_an_endless_loop_is_interrupted_and_grading_goes_on(tmp_path, solution):
-    looping = with_cell_edited(solution, "triple", lambda s: s.replace("return double(x) + x", "while True:\n        pass"))
+    looping = with_cell_edited(solution, "triple",
+                               lambda s: s.replace("return double(x) + x", "while True:\n        pass"))
     result = grade_notebook(write_notebook(looping, tmp_path, NAME), FIXTURE_CHAPTER, TIMEOUT_S)
     by_id = {e.grade_id: e for e in result.exercises}
     assert by_id["test_triple"].earned == 0

@@ -20,7 +20,8 @@ from fixtures.sealed_cases import ALLOC, CASES, FULL, HOSTILE, SHARED, _solution
 
 pytestmark = [pytest.mark.slow]
 TARGET = REPO / "sandbox-escape-probe.txt"
-GOOD_SLOT = "def physical_slot(block_table, pos, block_size):\n    return block_table[pos // block_size], pos % block_size\n"
+GOOD_SLOT = ("def physical_slot(block_table, pos, block_size):\n"
+             "    return block_table[pos // block_size], pos % block_size\n")
 
 
 def hostile_cases(submissions) -> dict:
