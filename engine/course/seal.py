@@ -366,8 +366,12 @@ def _own_work(name: str, spec: dict, namespace: dict, libraries) -> str:
 def make_profile(critical: tuple, references: frozenset, libraries: tuple, audit, getframe_unused=None):
     """The profiling function used while a test runs: no closure, its state in immutable defaults."""
 
+    # Returns are checked from learner cells and learner files only: "<string>" code is the standard
+    # library's too (dataclass and namedtuple methods, Triton's interpreter), and checking each of its
+    # returns made an interpreted kernel several times slower. A learner patch done inside such code is
+    # still seen when the learner frame that ran it returns.
     def profile(frame, event, arg, _critical=critical, _refs=references, _libs=libraries, _audit=audit,
-                _kind=kind_of, _missing=_MISSING):
+                _kind=kind_of, _learner=_learner_made, _missing=_MISSING):
         if event == "call":
             if frame.f_code in _refs:
                 caller = frame.f_back
@@ -375,7 +379,7 @@ def make_profile(critical: tuple, references: frozenset, libraries: tuple, audit
                     caller = caller.f_back
                 if caller is not None and _kind(caller.f_code.co_filename, _libs) == "learner":
                     _audit("course.delegation", frame.f_code.co_qualname, caller.f_code.co_filename)
-        elif event == "return" and _kind(frame.f_code.co_filename, _libs) == "learner":
+        elif event == "return" and _learner(frame.f_code, _libs):
             for owner, key, value in _critical:
                 if owner.get(key, _missing) is not value:
                     _audit("course.tamper", f"{owner.get('__name__', '?')}.{key}")
