@@ -248,10 +248,16 @@ def test_the_instructor_edition_shows_each_written_answers_rubric(book, chapters
         assert sum(label in line for line in instructor) == len(written), f"{chapter.stem}: rubric labels"
         assert not any(label in line for line in learner), f"{chapter.stem}: a rubric label in the learner book"
         for cell in written:
-            first = " ".join(cell.source.split("\n")[0].split())
-            first = re.sub(r"[*_`$]", "", first)[:40]
-            assert any(first in re.sub(r"[*_`$]", "", line) for line in instructor), \
+            first = plain(" ".join(cell.source.split("\n")[0].split()))[:40]
+            assert any(first in plain(line) for line in instructor), \
                 f"{chapter.stem}: the instructor page lacks the rubric of {cells.grade_id(cell)}"
+
+
+def plain(text: str) -> str:
+    """Text without markdown marks and with the book's typographic quotes and dashes made plain."""
+    text = re.sub(r"[*_`$]", "", text)
+    return text.translate(str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"',
+                                         "\u2013": "-", "\u2014": "-"}))
 
 
 def test_the_search_index_covers_every_page(book, chapters):

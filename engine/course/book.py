@@ -11,12 +11,14 @@ the system's Chromium (book/_build/pdf/book.pdf). Explorers are precomputed whil
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import os
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nbclient import NotebookClient
@@ -162,7 +164,20 @@ def wait_for_math(page, timeout_ms: int = 60_000) -> None:
 
 
 def print_pdf(page_path: Path, out_pdf: Path) -> Path:
-    """Chromium's print-to-PDF of one local HTML page, once its math is typeset."""
+    """Chromium's print-to-PDF of one local HTML page, once its math is typeset.
+
+    Playwright's sync API refuses to start inside a running event loop (a notebook, or another
+    Playwright session in the same thread), so there it runs in a thread of its own.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _print_pdf(page_path, out_pdf)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(_print_pdf, page_path, out_pdf).result()
+
+
+def _print_pdf(page_path: Path, out_pdf: Path) -> Path:
     from playwright.sync_api import sync_playwright
 
     out_pdf.parent.mkdir(parents=True, exist_ok=True)
