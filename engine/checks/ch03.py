@@ -14,7 +14,7 @@ import random
 import torch
 
 from engine.cache.errors import OutOfBlocks
-from engine.checks import (ATOL, CheckFailed, check, compare_logits, expect_equal, expect_raises, fail,
+from engine.checks import (ATOL, CheckFailed, check, chosen_letter, compare_logits, expect_equal, expect_raises, fail,
                            passed, tiny)
 from engine.seeded import seeded_tokens
 
@@ -617,7 +617,7 @@ def utilization(cls, lengths: list[int], block_size: int) -> dict:
 def check_q1_truncate_releases(answer) -> None:
     """Q1: a 37-token sequence in blocks of 16 is truncated to 20 tokens; how many blocks are released?"""
     if answer is None or answer is ...:
-        fail("Q1: answer_q1 is not set", hint="assign a whole number to answer_q1")
+        fail("Review question Q1 is not answered yet: set answer_q1 to a whole number")
     expect_equal(answer, 1, "Q1: blocks released by truncate(seq, 20) of a 37-token sequence (bs 16)",
                  "the table holds ceil(37/16) blocks and keeps ceil(20/16); the difference is released")
     passed("Q1: 3 blocks before, 2 kept, 1 released")
@@ -627,7 +627,7 @@ def check_q1_truncate_releases(answer) -> None:
 def check_q2_failed_reserve(answer) -> None:
     """Q2: the free blocks left after a reserve that raised OutOfBlocks on a pool with 5 free blocks."""
     if answer is None or answer is ...:
-        fail("Q2: answer_q2 is not set", hint="assign a whole number to answer_q2")
+        fail("Review question Q2 is not answered yet: set answer_q2 to a whole number")
     expect_equal(answer, 5, "Q2: free blocks after reserve(seq, 100) raised OutOfBlocks with 5 free",
                  "reserve is all or nothing: what did the failed call take?")
     passed("Q2: a failed reserve takes nothing, so all 5 blocks are still free")
@@ -636,9 +636,7 @@ def check_q2_failed_reserve(answer) -> None:
 @check
 def check_q3_slot(answer) -> None:
     """Q3: where update stores the key of position p of batch row b (a choice, "a" to "d")."""
-    if not isinstance(answer, str) or answer.strip().lower() not in ("a", "b", "c", "d"):
-        fail("Q3: answer_q3", "one of 'a', 'b', 'c', 'd'", answer)
-    expect_equal(answer.strip().lower(), "b", "Q3: the slot of position p of row b",
+    expect_equal(chosen_letter(answer, "Q3", "answer_q3"), "b", "Q3: the slot of position p of row b",
                  "the table of row b maps the logical block p // bs to a physical block; p % bs is the "
                  "offset inside it")
     passed("Q3: k_pool[block_tables[b, p // bs], :, p % bs]")
