@@ -136,9 +136,7 @@ def check_limits(prompts: list[list[int]], max_tokens: int, context: int) -> Non
     """Refuse, before any memory is reserved, a run that cannot be done as asked."""
     if max_tokens < 1:
         raise InputError(f"--max-tokens must be at least 1, got {max_tokens}")
-    for i, prompt in enumerate(prompts):
-        if not prompt:
-            raise InputError(f"prompt {i} is empty: every prompt needs at least one token")
+    for i, prompt in enumerate(prompts):           # an empty prompt is refused by generate() itself
         if len(prompt) + max_tokens > context:
             raise InputError(f"prompt {i} ({len(prompt)} tokens) + --max-tokens {max_tokens} = "
                              f"{len(prompt) + max_tokens} positions, past the model's trained context of "
