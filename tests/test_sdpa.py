@@ -58,9 +58,35 @@ def test_paged_sdpa_reads_through_scrambled_tables(tokens, lengths):
     assert (got - want).abs().max() < 1e-5
 
 
-def test_a_step_groups_decodes_together_and_runs_each_prompt_chunk_alone():
+def test_a_step_groups_decodes_together_and_prompt_chunks_by_length():
     def chunk(count):
         return Chunk(seq=None, start=0, count=count)
-    chunks = [chunk(1), chunk(40), chunk(1), chunk(7), chunk(1)]
-    assert row_groups(chunks) == [[0, 2, 4], [1], [3]]
+    chunks = [chunk(1), chunk(104), chunk(1), chunk(7), chunk(1), chunk(100), chunk(9)]
+    # decodes alone; 7 and 9 pad 2 positions, 100 and 104 pad 4: two prompt forwards, not four
+    assert row_groups(chunks) == [[0, 2, 4], [3, 6], [5, 1]]
+    assert row_groups(chunks, forward_cost=0) == [[0, 2, 4], [3], [6], [5], [1]]
+    # 7 with 40 would pad 33 positions, more than the forward it saves
+    assert row_groups([chunk(40), chunk(7)], forward_cost=32) == [[1], [0]]
+    assert row_groups([chunk(40), chunk(7)], forward_cost=33) == [[1, 0]]
     assert row_groups([chunk(5)]) == [[0]] and row_groups([chunk(1), chunk(1)]) == [[0, 1]]
+
+
+def test_reused_plans_and_scratch_never_leak_between_calls():
+    """Layers of one forward share a read plan and scratch memory; other calls must not see them."""
+    generator = torch.Generator().manual_seed(3)
+    block_size, heads, dim = 4, 2, 8
+    tables = torch.tensor([[5, 2, 7], [1, 3, 0]])
+    for dtype, inference in [(torch.float32, True), (torch.float32, False), (torch.float16, True),
+                             (torch.float32, True)]:
+        k_pool, v_pool = (torch.randn(8, heads, block_size, dim, generator=generator).to(dtype) for _ in range(2))
+        for lengths in ([9, 5], [12, 2], [3, 3]):   # the same table tensor, new lengths each time
+            kv_lens = torch.tensor(lengths)
+            positions = (kv_lens - 1)[:, None]
+            q = torch.randn(2, 4, 1, dim, generator=generator).to(dtype)
+            with torch.inference_mode(inference):
+                got = paged_attention(q, k_pool, v_pool, tables, positions, kv_lens)
+                again = paged_attention(q, k_pool, v_pool, tables, positions, kv_lens)   # the plan reused
+            want = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
+            tolerance = 1e-5 if dtype == torch.float32 else 2e-3
+            assert (got.float() - want.float()).abs().max() < tolerance, (dtype, inference, lengths)
+            assert torch.equal(got, again)

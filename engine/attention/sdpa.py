@@ -5,8 +5,14 @@ j <= p with j < kv_len; padding queries read key 0), computed without the refere
 `repeat_interleave`, `masked_fill` and `softmax` (the reference stays the ground truth the tests
 compare against). A mask is built only where one is needed: a single sequence whose new tokens end its
 history needs none (decode) or the causal flag (a whole prompt).
+
+Every layer of a forward reads with the same positions, lengths and block tables, so what to read and
+which mask to apply (a `ReadPlan`) is worked out by the first layer and reused by the others.
 """
 from __future__ import annotations
+
+import threading
+from typing import NamedTuple
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
@@ -14,58 +20,108 @@ from torch.nn.functional import scaled_dot_product_attention
 from engine.attention.reference import visibility_mask
 
 
+class ReadPlan(NamedTuple):
+    """How every row of one forward reads its history: the first `length` keys, masked or not."""
+
+    length: int                   # keys read per row (the longest kv_len)
+    mask: torch.Tensor | None     # [B, 1, T, length] bool, or None when no key must be hidden
+    causal: bool                  # a whole prompt in order: the fused causal flag replaces the mask
+    blocks: torch.Tensor | None   # paged only: the physical blocks to gather, row by row, flattened
+
+
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
               q_positions: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
     """Causal grouped-query attention of q [B,Hq,T,D] over histories [B,Hkv,L,D]; result in q's dtype."""
-    batch, _, tokens, _ = q.shape
-    if batch == 1:
-        return _one_sequence(q, keys, values, q_positions[0], int(kv_lens[0]))
+    plan = read_plan(q_positions, kv_lens, keys.shape[2])
+    return _sdpa(q, keys[:, :, :plan.length], values[:, :, :plan.length], plan)
+
+
+def read_plan(q_positions: torch.Tensor, kv_lens: torch.Tensor, num_keys: int,
+              blocks: torch.Tensor | None = None) -> ReadPlan:
+    """The mask (or none) that gives `reference.attention`'s visibility for these rows."""
+    batch, tokens = q_positions.shape
+    if batch == 1:                # one row reads only its own kv_len keys
+        kv_len = int(kv_lens[0])
+        expected = torch.arange(kv_len - tokens, kv_len, device=q_positions.device)
+        if bool((q_positions[0] == expected).all()):      # its new tokens end its history, in order
+            if tokens == 1:
+                return ReadPlan(kv_len, None, False, blocks)
+            if tokens == kv_len:
+                return ReadPlan(kv_len, None, True, blocks)
+        return ReadPlan(kv_len, visibility_mask(q_positions, kv_lens, kv_len)[:, None], False, blocks)
     if tokens == 1 and bool((q_positions[:, 0] == kv_lens - 1).all()):
         # a decode batch: each row reads its whole history, so the mask is just "j < kv_len"
-        stored = torch.arange(keys.shape[2], device=q.device)[None, :] < kv_lens[:, None]
-        return _sdpa(q, keys, values, stored[:, None, None, :])
-    return _sdpa(q, keys, values, visibility_mask(q_positions, kv_lens, keys.shape[2])[:, None])
+        stored = torch.arange(num_keys, device=q_positions.device)[None, :] < kv_lens[:, None]
+        return ReadPlan(num_keys, stored[:, None, None, :], False, blocks)
+    return ReadPlan(num_keys, visibility_mask(q_positions, kv_lens, num_keys)[:, None], False, blocks)
 
 
-def _one_sequence(q, keys, values, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """One row: read only its own kv_len keys; no mask when its new tokens end the history in order."""
-    tokens = q.shape[2]
-    keys, values = keys[:, :, :kv_len], values[:, :, :kv_len]
-    in_order = bool((positions == torch.arange(kv_len - tokens, kv_len, device=q.device)).all())
-    if in_order and tokens == 1:
-        return _sdpa(q, keys, values, None)
-    if in_order and tokens == kv_len:
-        return _sdpa(q, keys, values, None, causal=True)
-    mask = visibility_mask(positions[None], torch.tensor([kv_len], device=q.device), kv_len)
-    return _sdpa(q, keys, values, mask[:, None])
-
-
-def _sdpa(q, keys, values, mask, causal: bool = False) -> torch.Tensor:
+def _sdpa(q, keys, values, plan: ReadPlan) -> torch.Tensor:
     """Fused attention in float32 with grouped-query heads (query head h reads KV head h // group)."""
-    out = scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=mask,
-                                       is_causal=causal, enable_gqa=q.shape[1] != keys.shape[1])
+    out = scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=plan.mask,
+                                       is_causal=plan.causal, enable_gqa=q.shape[1] != keys.shape[1])
     return out.to(q.dtype)
 
 
 def paged_sdpa(q, k_pool, v_pool, block_tables, q_positions, kv_lens) -> torch.Tensor:
     """`paged_attention` on the CPU: read each row's history through its block table, then fused attention.
 
-    Whole blocks are gathered (one contiguous copy per block, not one per slot). A lone row (a
-    prompt chunk) reads exactly its own blocks; a decode batch reads as many blocks as its longest
-    row and masks the rest by length, in one fused call for all rows.
+    Whole blocks are gathered with one `index_select` (not one copy per slot). A lone row (a prompt
+    chunk) reads exactly its own blocks; a decode batch reads as many blocks as its longest row and
+    masks the rest by length, in one fused call for all rows.
     """
-    batch, block_size = q.shape[0], k_pool.shape[2]
+    plan = _paged_plan(block_tables, q_positions, kv_lens, k_pool.shape[2])
+    staging, key_rows, value_rows = _scratch(3, plan.blocks.numel() * k_pool[0].numel(), k_pool)
+    keys = _rows_of_blocks(k_pool, plan, q.shape[0], staging, key_rows)
+    values = _rows_of_blocks(v_pool, plan, q.shape[0], staging, value_rows)
+    return _sdpa(q, keys, values, plan)
+
+
+# Per thread: the last read plan with the tensors it was made from, and the gathers' scratch memory.
+_per_thread = threading.local()
+
+
+def _paged_plan(block_tables, q_positions, kv_lens, block_size: int) -> ReadPlan:
+    """The read plan of a paged forward, made once: later layers pass the very same (unchanged) tensors."""
+    key, plan = getattr(_per_thread, "plan", (None, None))
+    if key is not None and key[0] is block_tables and key[1] is q_positions and key[2] is kv_lens \
+            and key[3] == block_size:
+        return plan
+    batch = q_positions.shape[0]
     longest = max(int(kv_lens.max()) if batch > 1 else int(kv_lens[0]), 1)
     count = -(-longest // block_size)
     # Table entries past a row's blocks are padding: read block 0 there, masked by kv_lens anyway.
-    used = torch.arange(count, device=q.device)[None, :] * block_size < kv_lens[:, None]
-    blocks = torch.where(used, block_tables[:, :count].long(), 0)
-    keys, values = (_rows_of_blocks(pool[blocks], longest) for pool in (k_pool, v_pool))
-    return attention(q, keys, values, q_positions, kv_lens)
+    used = torch.arange(count, device=q_positions.device)[None, :] * block_size < kv_lens[:, None]
+    blocks = torch.where(used, block_tables[:, :count].long(), 0).flatten()
+    plan = read_plan(q_positions, kv_lens, longest, blocks)
+    _per_thread.plan = ((block_tables, q_positions, kv_lens, block_size), plan)
+    return plan
 
 
-def _rows_of_blocks(blocks: torch.Tensor, length: int) -> torch.Tensor:
-    """[B, n, Hkv, bs, D] gathered blocks -> [B, Hkv, length, D] histories (key j = position j)."""
-    batch, count, heads, block_size, dim = blocks.shape
-    history = blocks.permute(0, 2, 1, 3, 4).reshape(batch, heads, count * block_size, dim)
-    return history[:, :, :length]
+def _rows_of_blocks(pool: torch.Tensor, plan: ReadPlan, batch: int, staging: torch.Tensor,
+                    rows: torch.Tensor) -> torch.Tensor:
+    """Each row's history [B, Hkv, length, D] (key j = position j) from a pool [N, Hkv, bs, D].
+
+    The blocks land in `staging` in table order, then move to `rows` head by head; both are scratch.
+    """
+    _, heads, block_size, dim = pool.shape
+    blocks = torch.index_select(pool, 0, plan.blocks, out=staging.view(-1, heads, block_size, dim))
+    history = rows.view(batch, heads, -1, block_size, dim)
+    history.copy_(blocks.view(batch, -1, heads, block_size, dim).transpose(1, 2))
+    return history.view(batch, heads, -1, dim)[:, :, :plan.length]
+
+
+def _scratch(parts: int, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
+    """`parts` flat buffers of `numel` elements, reused from call to call (grown when too small).
+
+    A decode step gathers megabytes per layer; fresh tensors that size are fresh pages from the
+    operating system each time, and those page faults cost as much as the copy itself. The memory
+    is kept (the largest step's gathers) until a call needs another dtype or device.
+    """
+    buffer = getattr(_per_thread, "scratch", None)
+    if buffer is None or buffer.numel() < parts * numel or buffer.dtype != like.dtype \
+            or buffer.device != like.device:
+        with torch.inference_mode(False):    # a normal tensor: writable inside inference mode and out of it
+            buffer = torch.empty(parts * numel, dtype=like.dtype, device=like.device)
+        _per_thread.scratch = buffer
+    return list(buffer[:parts * numel].view(parts, numel))

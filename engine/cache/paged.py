@@ -156,10 +156,13 @@ class PagedKVCache:
             slots = slot_mapping(self.block_tables, positions, self.block_size)[valid]
             newest = torch.where(valid, positions + 1, 0)
             kv_lens = torch.cat([self.batch_lengths[:, None], newest], dim=1).amax(dim=1)
-            self._plan = (positions, valid, slots // self.block_size, slots % self.block_size, kv_lens)
-        _, valid, blocks, offsets, kv_lens = self._plan
-        self.k_pools[layer][blocks, :, offsets] = k.transpose(1, 2)[valid].to(self.dtype)
-        self.v_pools[layer][blocks, :, offsets] = v.transpose(1, 2)[valid].to(self.dtype)
+            rows = None if bool(valid.all()) else valid        # no padding: every token is written
+            self._plan = (positions, rows, slots // self.block_size, slots % self.block_size, kv_lens)
+        _, rows, blocks, offsets, kv_lens = self._plan
+        for pool, new in ((self.k_pools[layer], k), (self.v_pools[layer], v)):
+            tokens = new.transpose(1, 2)
+            tokens = tokens.flatten(0, 1) if rows is None else tokens[rows]
+            pool[blocks, :, offsets] = tokens.to(self.dtype)
         if layer == len(self.k_pools) - 1:
             for seq, n in zip(self.batch, kv_lens.tolist()):
                 self.lengths[seq] = n

@@ -11,7 +11,7 @@ class SchedulerConfig:
     """The knobs of one scheduler: budgets, the admission margin, and the preemption policy."""
 
     max_num_seqs: int = 256           # sequences in one batch
-    max_batched_tokens: int = 512     # tokens in one forward: prefill chunks + decodes
+    max_batched_tokens: int = 2048    # tokens in one step: prefill chunks + decodes (vLLM V1's default)
     margin_blocks: int = 2            # free blocks left after admitting a prompt (room to decode)...
     watermark: float = 0.01           # ...or this fraction of the pool, if more (vLLM's default 1%)
     preemption: str = "auto"          # "recompute", "swap", or "auto" (by length, see preemption_mode)
