@@ -52,6 +52,19 @@ MODULE = textwrap.dedent('''\
     ''')
 
 
+# take() as both include forms show it (indented as in the expected texts below, before their dedent)
+TAKE_SOLVED = textwrap.indent(textwrap.dedent(f'''\
+    def take(self):
+        """Take one."""
+        {BEGIN}
+        if self.n == 0:
+            raise ValueError("empty")
+        self.n -= 1
+        return self.n
+        {END}
+    '''), " " * 12)
+
+
 @pytest.fixture
 def root(tmp_path):
     (tmp_path / "pkg").mkdir()
@@ -68,15 +81,7 @@ def test_class_include_marks_only_the_named_method_bodies_after_their_docstrings
             def __init__(self, n):
                 self.n = n
 
-            def take(self):
-                """Take one."""
-                {BEGIN}
-                if self.n == 0:
-                    raise ValueError("empty")
-                self.n -= 1
-                return self.n
-                {END}
-
+{TAKE_SOLVED}
             def give(self):
                 {BEGIN}
                 self.n += 1
@@ -111,15 +116,7 @@ def test_selected_methods_become_a_subclass_of_the_engine_class(root):
             def give(self):
                 self.n += 1
 
-            def take(self):
-                """Take one."""
-                {BEGIN}
-                if self.n == 0:
-                    raise ValueError("empty")
-                self.n -= 1
-                return self.n
-                {END}
-
+{TAKE_SOLVED}
         Pool(2).take()''')
 
 

@@ -243,6 +243,14 @@ def graded_tests(notebook) -> list[int]:
     return [i for i, cell in enumerate(notebook.cells) if cells.is_test(cell)]
 
 
+def screenshot_first_check(page, notebook, file_name: str) -> None:
+    """Scroll the notebook's first graded test cell into view and save the page under build/artifacts."""
+    first_test = graded_tests(notebook)[0]
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(first_test).scroll_into_view_if_needed()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / file_name))
+
+
 def common_checks(name, notebook, states, explored):
     assert len(states) == len(notebook.cells), \
         f"{name}: {len(states)} cells on screen, {len(notebook.cells)} in the file"
@@ -264,10 +272,7 @@ def test_the_release_shows_not_implemented_for_every_exercise(lab, browser, chap
         open_notebook(page, lab, f"{chapter.stem}.ipynb", len(notebook.cells))
         states = run_everything(page, len(notebook.cells))
         explored = check_explorers(page, chapter.stem, f"lab-{chapter.stem}-release")
-        first_test = graded_tests(notebook)[0]
-        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(first_test).scroll_into_view_if_needed()
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"lab-{chapter.stem}-release.png"))
+        screenshot_first_check(page, notebook, f"lab-{chapter.stem}-release.png")
         common_checks(chapter.stem, notebook, states, explored)
         missing = [cells.grade_id(notebook.cells[i]) for i in graded_tests(notebook)
                    if NOT_IMPLEMENTED not in states[i]["output"] and UNANSWERED not in states[i]["output"]]
@@ -289,10 +294,7 @@ def test_the_solved_chapter_shows_every_check_mark(lab_static_explorers, browser
         open_notebook(page, lab, name, len(notebook.cells))
         menu(page, "Run", "Run All Cells")
         states = wait_until_idle(page)
-        first_test = graded_tests(notebook)[0]
-        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(first_test).scroll_into_view_if_needed()
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"lab-{chapter.stem}-solved.png"))
+        screenshot_first_check(page, notebook, f"lab-{chapter.stem}-solved.png")
         common_checks(name, notebook, states, None)
         unrun = [i for i, s in enumerate(states) if s["code"] and not re.search(r"\d", s["prompt"])]
         assert not unrun, \

@@ -23,6 +23,15 @@ def make(num_blocks=32, block_size=4):
     return QuantizedPagedKVCache(tiny().config, num_blocks, block_size)
 
 
+def forked(prompt: list[int], model=None):
+    """A fresh int8 cache holding `prompt` as sequence 0, forked into sequence 1 (the blocks shared)."""
+    cache = make()
+    cache.create(0)
+    cached_step(model or tiny(), cache, [0], [prompt])
+    cache.fork(0, 1)
+    return cache
+
+
 def block_bytes(cache, block):
     return [t[block].clone() for t in cache.k_pools + cache.v_pools + cache.k_scales + cache.v_scales]
 
@@ -81,10 +90,7 @@ def test_a_write_at_offset_zero_forgets_the_previous_owner():
 
 
 def test_copy_on_write_carries_the_scales():
-    cache = make()
-    cache.create(0)
-    cached_step(tiny(), cache, [0], [seeded_tokens(10, seed=2)])
-    cache.fork(0, 1)
+    cache = forked(seeded_tokens(10, seed=2))
     old = cache.tables[0][2]
     cache.copy_on_write(1, 2)
     new = cache.tables[1][2]
@@ -93,11 +99,8 @@ def test_copy_on_write_carries_the_scales():
 
 
 def test_fork_then_diverge_leaves_the_shared_blocks_bit_identical():
-    model, cache = tiny(), make()
-    prompt = seeded_tokens(10, seed=3)
-    cache.create(0)
-    cached_step(model, cache, [0], [prompt])
-    cache.fork(0, 1)
+    model, prompt = tiny(), seeded_tokens(10, seed=3)
+    cache = forked(prompt, model)
     before = {b: block_bytes(cache, b) for b in cache.tables[0]}
     out = cached_step(model, cache, [0, 1], [[1, 2, 3], [200, 201, 202]])
     for block, saved in before.items():
@@ -109,10 +112,7 @@ def test_fork_then_diverge_leaves_the_shared_blocks_bit_identical():
 
 
 def test_writing_into_a_shared_block_is_refused():
-    cache = make()
-    cache.create(0)
-    cached_step(tiny(), cache, [0], [seeded_tokens(6, seed=4)])
-    cache.fork(0, 1)
+    cache = forked(seeded_tokens(6, seed=4))
     block = cache.tables[0][1]
     with pytest.raises(RuntimeError, match="requantize"):
         cache.store(0, torch.tensor([block]), torch.tensor([2]), torch.ones(1, 2, 16), torch.ones(1, 2, 16))
