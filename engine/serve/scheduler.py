@@ -9,7 +9,8 @@ blocks nobody uses, then the newest running sequence, preempted by swap or by re
 7 has the learner write them): `admit` (let a waiting sequence in), `reserve_or_preempt`,
 `choose_victim` and `preempt` (make room for a running one), `resume` (swap one back in) and
 `fork_samples` (split a prefilled request into its n samples). What the cache can do (blocks, swap,
-a region fixed up front) comes from its protocols in engine/cache/protocol.py, read once.
+a region fixed up front) comes from its protocols in engine/cache/protocol.py, read once. The
+prefix-cache side (attach, publish, evict) is the `PrefixSharing` mixin in prefix_sharing.py.
 """
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from typing import Iterator
 
 from engine.cache.protocol import capabilities
 from engine.serve.batch import Chunk, SchedulerConfig
+from engine.serve.prefix_sharing import PrefixSharing
 from engine.serve.request import RequestTooLarge, Sequence, Status, make_generator
 
 __all__ = ["Chunk", "Scheduler", "SchedulerConfig"]
 
 
-class Scheduler:
+class Scheduler(PrefixSharing):
     """Owns the waiting, running and swapped queues and every reserve, free and preemption."""
 
     def __init__(self, cache, config: SchedulerConfig | None = None, prefix_cache=None):
@@ -43,10 +45,6 @@ class Scheduler:
     def blocks_for(self, tokens: int) -> int:
         """Blocks that hold `tokens` positions."""
         return -(-tokens // self.cache.block_size)
-
-    def free_blocks(self) -> int:
-        """Blocks on the allocator's free list right now."""
-        return self.cache.allocator.num_free
 
     def capacity_tokens(self) -> int:
         """The most KV positions one sequence could ever get: the whole pool (or the largest slot)."""
@@ -68,28 +66,6 @@ class Scheduler:
             return 0
         pool = self.cache.allocator.num_blocks
         return max(self.config.margin_blocks, math.ceil(self.config.watermark * pool))
-
-    def make_room(self, blocks: int) -> bool:
-        """True if `blocks` blocks are free, evicting unused prefix-cache blocks first if that helps."""
-        return self.free_blocks() >= blocks or (self.evict(blocks) > 0 and self.free_blocks() >= blocks)
-
-    def evict(self, blocks_wanted: int) -> int:
-        """Free prefix-cache blocks that no sequence uses, until `blocks_wanted` are free.
-
-        One evict() call releases every block it can; if that was not enough, nothing more can be
-        evicted until some sequence lets go of a block, so later calls are skipped until then.
-        """
-        if not (self.prefix and self.caps.paged and self.evictable):
-            return 0
-        freed = self.prefix.evict(blocks_wanted)
-        self.evictable = self.free_blocks() >= blocks_wanted
-        return freed
-
-    def evict_for(self, seq: Sequence, count: int) -> int:
-        """Evict unused prefix-cache blocks until reserve(seq, count) could fit; returns blocks freed."""
-        if not self.caps.paged:
-            return 0
-        return self.evict(self.cache.blocks_wanted(seq.seq_id, count))
 
     # ---- one step ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -167,28 +143,6 @@ class Scheduler:
         self.running.append(seq)
         return count
 
-    def attach(self, seq: Sequence) -> int:
-        """Create `seq` in the cache on the longest cached prefix of its tokens; returns tokens reused."""
-        if self.prefix:
-            return self.prefix.attach(seq.seq_id, seq.tokens)
-        self.cache.create(seq.seq_id)
-        return 0
-
-    def detach(self, seq: Sequence) -> None:
-        """Undo attach(): free `seq` again; the prefix cache also takes back the lookup it counted."""
-        if self.prefix:
-            self.prefix.detach(seq.seq_id)
-        else:
-            self.cache.free(seq.seq_id)
-        self.evictable = True
-
-    def count_prefix_hit(self, seq: Sequence) -> None:
-        """Record an admitted sequence's prefix-cache lookup."""
-        if self.prefix:
-            self.prefix_stats["queries"] += 1
-            self.prefix_stats["hits"] += seq.cached_tokens > 0
-            self.prefix_stats["tokens_saved"] += seq.cached_tokens
-
     def admit_slot(self, seq: Sequence, budget: int) -> int:
         """admit() for a slot or region cache: a free slot (sized up front if the cache says so) is room."""
         try:
@@ -216,11 +170,6 @@ class Scheduler:
         else:
             self.cache.free(seq.seq_id)
         self.evictable = True
-
-    def publish(self, seq: Sequence) -> None:
-        """Offer the sequence's full computed blocks to later requests (prefix caching)."""
-        if self.prefix and seq.num_computed:
-            self.prefix.remember(seq.seq_id, seq.tokens[:seq.num_computed])
 
     # ---- preemption --------------------------------------------------------------------------
     def reserve_or_preempt(self, seq: Sequence, count: int, scheduled: set) -> bool:
