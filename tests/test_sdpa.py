@@ -90,3 +90,27 @@ def test_reused_plans_and_scratch_never_leak_between_calls():
             tolerance = 1e-5 if dtype == torch.float32 else 2e-3
             assert (got.float() - want.float()).abs().max() < tolerance, (dtype, inference, lengths)
             assert torch.equal(got, again)
+
+
+def test_length_groups_cut_sorted_rows_where_padding_costs_more_than_a_group():
+    assert sdpa.length_groups([5, 7, 6]) == [[0, 2, 1]]                    # little padding: one group
+    lengths = [900, 10, 880, 12, 11, 890]
+    assert sdpa.length_groups(lengths) == [[1, 4, 3], [2, 5, 0]]
+    assert sdpa.length_groups(lengths, group_cost=10**6) == [[1, 4, 3, 2, 5, 0]]
+    assert sorted(sum(sdpa.length_groups(list(range(50, 0, -1)), group_cost=1), [])) == list(range(50))
+
+
+def test_a_decode_batch_of_very_different_lengths_runs_in_groups_and_matches_the_reference():
+    generator = torch.Generator().manual_seed(11)
+    block_size, heads, dim, lengths = 4, 2, 8, [700, 3, 650, 9, 1, 690]
+    width = max(-(-n // block_size) for n in lengths)
+    order = torch.randperm(width * len(lengths), generator=generator)
+    k_pool, v_pool = (torch.randn(len(order), heads, block_size, dim, generator=generator) for _ in range(2))
+    tables = order.view(len(lengths), width)
+    kv_lens = torch.tensor(lengths)
+    positions = (kv_lens - 1)[:, None]
+    q = torch.randn(len(lengths), 4, 1, dim, generator=generator)
+    got = sdpa.paged_sdpa(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert len(sdpa._paged_plans(tables, positions, kv_lens, block_size)) == 2     # short rows, long rows
+    want = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert (got - want).abs().max() < 1e-5

@@ -27,6 +27,7 @@ class ReadPlan(NamedTuple):
     mask: torch.Tensor | None     # [B, 1, T, length] bool, or None when no key must be hidden
     causal: bool                  # a whole prompt in order: the fused causal flag replaces the mask
     blocks: torch.Tensor | None   # paged only: the physical blocks to gather, row by row, flattened
+    rows: torch.Tensor | None = None  # paged decode groups only: which rows of the batch these are
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -67,35 +68,81 @@ def paged_sdpa(q, k_pool, v_pool, block_tables, q_positions, kv_lens) -> torch.T
     """`paged_attention` on the CPU: read each row's history through its block table, then fused attention.
 
     Whole blocks are gathered with one `index_select` (not one copy per slot). A lone row (a prompt
-    chunk) reads exactly its own blocks; a decode batch reads as many blocks as its longest row and
-    masks the rest by length, in one fused call for all rows.
+    chunk) reads exactly its own blocks. A decode batch is split into groups of similar history
+    length (`length_groups`); each group reads as many blocks as its longest row and masks the rest
+    by length, in one fused call, so no row pays for a much longer one.
     """
-    plan = _paged_plan(block_tables, q_positions, kv_lens, k_pool.shape[2])
+    plans = _paged_plans(block_tables, q_positions, kv_lens, k_pool.shape[2])
+    if plans[0].rows is None:
+        return _paged_group(q, k_pool, v_pool, plans[0])
+    out = torch.empty_like(q)
+    for plan in plans:
+        out[plan.rows] = _paged_group(q[plan.rows], k_pool, v_pool, plan)
+    return out
+
+
+def _paged_group(q, k_pool, v_pool, plan: ReadPlan) -> torch.Tensor:
+    """Gather one group's histories into scratch memory, then attend."""
     staging, key_rows, value_rows = _scratch(3, plan.blocks.numel() * k_pool[0].numel(), k_pool)
     keys = _rows_of_blocks(k_pool, plan, q.shape[0], staging, key_rows)
     values = _rows_of_blocks(v_pool, plan, q.shape[0], staging, value_rows)
     return _sdpa(q, keys, values, plan)
 
 
-# Per thread: the last read plan with the tensors it was made from, and the gathers' scratch memory.
+# What one more group of a decode batch costs (a gather, a fused call, a scatter of its rows), in padded
+# key positions. With the gathers in scratch memory, padding is cheap on a CPU (the bench workloads run
+# as fast with one group as with several), so a batch splits only where rows differ by about a
+# thousand keys or more: there one group would gather (and hold) every short row at the longest length.
+GROUP_COST_KEYS = 1024
+
+
+def length_groups(lengths: list[int], group_cost: int = GROUP_COST_KEYS, most: int = 8) -> list[list[int]]:
+    """Row indices in groups of similar length: sorted by length, cut into 1..`most` equal parts,
+    whichever count costs least (padded keys + `group_cost` per group)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    best: tuple[int, list[list[int]]] | None = None
+    for count in range(1, min(most, len(order)) + 1):
+        size = -(-len(order) // count)
+        groups = [order[start:start + size] for start in range(0, len(order), size)]
+        padding = sum(len(group) * lengths[group[-1]] - sum(lengths[i] for i in group) for group in groups)
+        cost = padding + group_cost * len(groups)
+        if best is None or cost < best[0]:
+            best = (cost, groups)
+    return best[1]
+
+
+# Per thread: the last read plans with the tensors they were made from, and the gathers' scratch memory.
 _per_thread = threading.local()
 
 
-def _paged_plan(block_tables, q_positions, kv_lens, block_size: int) -> ReadPlan:
-    """The read plan of a paged forward, made once: later layers pass the very same (unchanged) tensors."""
-    key, plan = getattr(_per_thread, "plan", (None, None))
+def _paged_plans(block_tables, q_positions, kv_lens, block_size: int) -> list[ReadPlan]:
+    """The read plans of a paged forward, made once: later layers pass the very same (unchanged) tensors."""
+    key, plans = getattr(_per_thread, "plans", (None, None))
     if key is not None and key[0] is block_tables and key[1] is q_positions and key[2] is kv_lens \
             and key[3] == block_size:
-        return plan
-    batch = q_positions.shape[0]
-    longest = max(int(kv_lens.max()) if batch > 1 else int(kv_lens[0]), 1)
+        return plans
+    decoding = q_positions.shape[0] > 1 and q_positions.shape[1] == 1 \
+        and bool((q_positions[:, 0] == kv_lens - 1).all())
+    groups = length_groups(kv_lens.tolist()) if decoding else [None]
+    if len(groups) == 1:
+        groups = [None]
+    plans = [_group_plan(block_tables, q_positions, kv_lens, block_size, rows) for rows in groups]
+    _per_thread.plans = ((block_tables, q_positions, kv_lens, block_size), plans)
+    return plans
+
+
+def _group_plan(block_tables, q_positions, kv_lens, block_size: int, rows: list[int] | None) -> ReadPlan:
+    """The read plan of some rows (None: all of them): their blocks, flattened, and their mask."""
+    index = None
+    if rows is not None:
+        index = torch.tensor(rows, device=q_positions.device)
+        block_tables, q_positions, kv_lens = block_tables[index], q_positions[index], kv_lens[index]
+    longest = max(int(kv_lens.max()), 1)
     count = -(-longest // block_size)
     # Table entries past a row's blocks are padding: read block 0 there, masked by kv_lens anyway.
     used = torch.arange(count, device=q_positions.device)[None, :] * block_size < kv_lens[:, None]
     blocks = torch.where(used, block_tables[:, :count].long(), 0).flatten()
-    plan = read_plan(q_positions, kv_lens, longest, blocks)
-    _per_thread.plan = ((block_tables, q_positions, kv_lens, block_size), plan)
-    return plan
+    return read_plan(q_positions, kv_lens, longest, blocks)._replace(rows=index)
 
 
 def _rows_of_blocks(pool: torch.Tensor, plan: ReadPlan, batch: int, staging: torch.Tensor,
