@@ -33,6 +33,9 @@ __all__ = [
     "tiny",
     "ATOL",
     "chosen_letter",
+    "answered_number",
+    "review_choice",
+    "review_number",
     "one_thread",
 ]
 
@@ -131,6 +134,53 @@ def chosen_letter(answer: Any, question: str, variable: str, letters: str = "abc
     if len(choice) != 1 or choice not in letters:
         fail(f"{question}: answer with one letter, {options} (got {answer!r})")
     return choice
+
+
+def answered_number(answer: Any, question: str, variable: str, unit: str = "a number") -> float:
+    """A review answer as a plain number ("552" reads as 552.0); fails, in plain words, when the question
+    is unanswered (None or ...) or the answer is not a number."""
+    if answer is None or answer is ...:
+        fail(f"Review question {question} is not answered yet: set {variable} to {unit}")
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+        answer = answer.item()
+    if isinstance(answer, numbers.Real) and not isinstance(answer, bool):
+        return _plain(answer)
+    try:
+        return float(answer)
+    except (TypeError, ValueError):
+        fail(f"{question}: {variable} must be a number, got {answer!r}")
+
+
+def review_choice(answer: Any, question: str, variable: str, right: str, praise: str,
+                  wrong: str | dict[str, str], hint: str | dict[str, str]) -> None:
+    """A multiple-choice review question: a tick and `praise` for the `right` letter; any other letter
+    fails, saying it `wrong`, with its hint (`wrong` and `hint` are one text, or one per letter)."""
+    choice = chosen_letter(answer, question, variable)
+    if choice == right:
+        passed(f"{question}: {praise}")
+        return
+    wrong = wrong if isinstance(wrong, str) else wrong[choice]
+    fail(f"{question}: ({choice}) {wrong}", hint=hint if isinstance(hint, str) else hint[choice])
+
+
+def review_number(answer: Any, question: str, variable: str, want: float, praise: str, wrong: str,
+                  hint: str, hints: dict[float, str] | None = None, unit: str = "a number",
+                  rel: float = 0.0, reveal: bool = False) -> None:
+    """A review question with a number for an answer: a tick and `praise` for `want` (within a relative
+    `rel`); any other number fails, saying it is `wrong`, with the hint `hints` keeps for that common
+    slip, else the general `hint`. `reveal` shows the expected number too."""
+    value = answered_number(answer, question, variable, unit)
+
+    def near(target: float) -> bool:
+        return abs(value - target) <= rel * abs(target)
+
+    if near(want):
+        passed(f"{question}: {praise}")
+        return
+    hint = next((slip for target, slip in (hints or {}).items() if near(target)), hint)
+    if reveal:
+        fail(f"{question}: {wrong}", want, value, hint)
+    fail(f"{question}: {answer!r} {wrong}", hint=hint)
 
 
 @contextlib.contextmanager

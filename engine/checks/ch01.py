@@ -14,8 +14,8 @@ import random
 
 import torch
 
-from engine.checks import (ATOL, CheckFailed, check, chosen_letter, compare_logits, expect_equal, fail,
-                           one_thread, passed, tiny)
+from engine.checks import (ATOL, CheckFailed, check, compare_logits, expect_equal, fail, one_thread, passed,
+                           review_choice, review_number, tiny)
 from engine.config import ModelConfig, known_config
 from engine.seeded import seeded_tokens
 
@@ -498,31 +498,25 @@ def check_review_recompute(answer) -> None:
     """Token positions a from-scratch loop runs through the model: 50 new tokens after 100."""
     prompt, new = 100, 50
     want = sum(prompt + i for i in range(new))
-    if answer is None:
-        fail("Review question R1 is not answered yet: set r1_answer to a number")
-    value = _as_number(answer)
-    if value == want:
-        passed(f"R1: {value:,} token positions from scratch, against {prompt + new - 1} with a cache")
-        return
-    hint = ("step i (i = 0, 1, ..., 49) runs the model over the prompt and the i tokens generated so "
-            "far; add those up")
-    if value == prompt + new - 1:
-        hint = "that is the count WITH a cache (the prompt once, then one position per step)"
-    elif value in (sum(prompt + i for i in range(new + 1)), sum(prompt + i for i in range(1, new + 1))):
-        hint = ("one step off: the first token comes from the prompt alone (100 positions), the 50th "
-                "from the prompt and 49 generated tokens")
-    fail(f"R1: {answer!r} is not the number of token positions", hint=hint)
+    off_by_one = ("one step off: the first token comes from the prompt alone (100 positions), the 50th "
+                  "from the prompt and 49 generated tokens")
+    review_number(answer, "R1", "r1_answer", want,
+                  f"{want:,} token positions from scratch, against {prompt + new - 1} with a cache",
+                  "is not the number of token positions",
+                  "step i (i = 0, 1, ..., 49) runs the model over the prompt and the i tokens generated so "
+                  "far; add those up",
+                  hints={prompt + new - 1: "that is the count WITH a cache (the prompt once, then one position "
+                                           "per step)",
+                         sum(prompt + i for i in range(new + 1)): off_by_one,
+                         sum(prompt + i for i in range(1, new + 1)): off_by_one})
 
 
 @check
 def check_review_kv_heads(answer) -> None:
     """Which change halves the KV bytes per token (choice b: halve num_key_value_heads)."""
-    choice = chosen_letter(answer, "R2", "r2_answer")
-    if choice == "b":
-        passed("R2: halving the KV heads halves every layer's K and V")
-        return
-    hints = {"a": "query heads are not cached: the keys and values of the KV heads are",
-             "c": "the vocabulary sizes the embedding and the output layer, not the cache",
-             "d": "the longest allowed context caps how many tokens a sequence may hold, not what one "
-                  "token costs"}
-    fail(f"R2: ({choice}) does not halve the bytes per token", hint=hints[choice])
+    review_choice(answer, "R2", "r2_answer", "b", "halving the KV heads halves every layer's K and V",
+                  "does not halve the bytes per token",
+                  {"a": "query heads are not cached: the keys and values of the KV heads are",
+                   "c": "the vocabulary sizes the embedding and the output layer, not the cache",
+                   "d": "the longest allowed context caps how many tokens a sequence may hold, not what one "
+                        "token costs"})

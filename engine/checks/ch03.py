@@ -15,7 +15,7 @@ import torch
 
 from engine.cache.errors import OutOfBlocks
 from engine.checks import (ATOL, CheckFailed, check, chosen_letter, compare_logits, expect_equal, expect_raises, fail,
-                           passed, tiny)
+                           passed, review_number, tiny)
 from engine.seeded import seeded_tokens
 
 
@@ -616,21 +616,18 @@ def utilization(cls, lengths: list[int], block_size: int) -> dict:
 @check
 def check_q1_truncate_releases(answer) -> None:
     """Q1: a 37-token sequence in blocks of 16 is truncated to 20 tokens; how many blocks are released?"""
-    if answer is None or answer is ...:
-        fail("Review question Q1 is not answered yet: set answer_q1 to a whole number")
-    expect_equal(answer, 1, "Q1: blocks released by truncate(seq, 20) of a 37-token sequence (bs 16)",
-                 "the table holds ceil(37/16) blocks and keeps ceil(20/16); the difference is released")
-    passed("Q1: 3 blocks before, 2 kept, 1 released")
+    review_number(answer, "Q1", "answer_q1", 1, "3 blocks before, 2 kept, 1 released",
+                  "blocks released by truncate(seq, 20) of a 37-token sequence (bs 16)",
+                  "the table holds ceil(37/16) blocks and keeps ceil(20/16); the difference is released",
+                  unit="a whole number", reveal=True)
 
 
 @check
 def check_q2_failed_reserve(answer) -> None:
     """Q2: the free blocks left after a reserve that raised OutOfBlocks on a pool with 5 free blocks."""
-    if answer is None or answer is ...:
-        fail("Review question Q2 is not answered yet: set answer_q2 to a whole number")
-    expect_equal(answer, 5, "Q2: free blocks after reserve(seq, 100) raised OutOfBlocks with 5 free",
-                 "reserve is all or nothing: what did the failed call take?")
-    passed("Q2: a failed reserve takes nothing, so all 5 blocks are still free")
+    review_number(answer, "Q2", "answer_q2", 5, "a failed reserve takes nothing, so all 5 blocks are still free",
+                  "free blocks after reserve(seq, 100) raised OutOfBlocks with 5 free",
+                  "reserve is all or nothing: what did the failed call take?", unit="a whole number", reveal=True)
 
 
 @check

@@ -16,8 +16,8 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
-from engine.checks import (ATOL, check, chosen_letter, compare_logits, expect_equal, expect_raises, fail,
-                           passed, tiny)
+from engine.checks import (ATOL, check, compare_logits, expect_equal, expect_raises, fail, passed,
+                           review_choice, review_number, tiny)
 from engine.demos.prefix import run as run_prefix_demo
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
@@ -527,43 +527,27 @@ def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int 
 
 # ---- review questions ------------------------------------------------------------------------------------
 
-def _as_number(answer):
-    try:
-        return float(answer)
-    except (TypeError, ValueError):
-        fail(f"the answer should be a number, got {answer!r}")
-
-
 @check
 def check_review_prefill(answer) -> None:
     """R1: 20 requests share a 200-token system prompt and add 10 tokens each; blocks of 16. Tokens
     prefilled in all, served one after another with a prefix cache."""
-    if answer is None:
-        fail("Review question R1 is not answered yet: set r1_answer to a number")
     cached = 200 // 16 * 16
     want = 210 + 19 * (210 - cached)
-    value = _as_number(answer)
-    if value == want:
-        passed(f"R1: {want} tokens prefilled: the first request all 210, each later one the "
-               f"{210 - cached} tokens past the {200 // 16} full shared blocks")
-        return
-    hint = "only full blocks are cached: how many of the 200 shared tokens fill whole blocks of 16?"
-    if value == 210 + 19 * 10:
-        hint = ("that counts the whole system prompt as cached; 200 is not a multiple of 16, and the "
-                "last 8 shared tokens sit in a block that also holds the request's own tokens")
-    elif value == 20 * 210:
-        hint = "that is without a prefix cache"
-    fail(f"R1: {answer!r} is not the number of tokens prefilled", hint=hint)
+    review_number(answer, "R1", "r1_answer", want,
+                  f"{want} tokens prefilled: the first request all 210, each later one the {210 - cached} "
+                  f"tokens past the {200 // 16} full shared blocks", "is not the number of tokens prefilled",
+                  "only full blocks are cached: how many of the 200 shared tokens fill whole blocks of 16?",
+                  {210 + 19 * 10: "that counts the whole system prompt as cached; 200 is not a multiple of 16, "
+                                  "and the last 8 shared tokens sit in a block that also holds the request's "
+                                  "own tokens",
+                   20 * 210: "that is without a prefix cache"})
 
 
 @check
 def check_review_order(answer) -> None:
     """R2: which block goes first (choice c: a leaf nobody holds, released longest ago)."""
-    choice = chosen_letter(answer, "R2", "r2_answer")
-    if choice == "c":
-        passed("R2: a leaf only the cache holds, released longest ago")
-        return
     hints = {"a": "the root of the system prompt's chain has children, and a running request holds it",
              "b": "a running request holds that block: evicting it would pull K/V from under it",
              "d": "that block was released most recently: LRU takes the one released longest ago"}
-    fail(f"R2: ({choice}) is not what evict() takes first", hint=hints[choice])
+    review_choice(answer, "R2", "r2_answer", "c", "a leaf only the cache holds, released longest ago",
+                  "is not what evict() takes first", hints)

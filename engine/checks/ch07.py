@@ -15,8 +15,8 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
-from engine.checks import (ATOL, CheckFailed, check, chosen_letter, compare_logits, expect_equal, expect_raises,
-                           fail, passed, tiny)
+from engine.checks import (ATOL, CheckFailed, check, compare_logits, expect_equal, expect_raises, fail, passed,
+                           review_choice, review_number, tiny)
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -619,57 +619,39 @@ def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed
 
 # ---- auto-graded review questions ----------------------------------------------------------------
 
-def _number(answer):
-    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-        answer = answer.item()
-    return None if isinstance(answer, bool) or not isinstance(answer, (int, float)) else answer
-
-
 @check
 def check_review_margin(answer) -> None:
     """R1: the admission margin of a 2,048-block pool, margin_blocks=2, watermark=0.01, with sequences
     running: max(2, ceil(0.01 * 2048)) = 21 blocks."""
-    if answer is None:
-        fail("R1 is not answered yet: set r1_answer to a number of blocks")
-    value = _number(answer)
-    if value == 21:
-        passed("R1: 21 free blocks kept beyond the newcomer's prompt (1% of 2,048, rounded up)")
-        return
-    hints = {20: "round the watermark up: ceil(0.01 * 2048)", 20.48: "a margin is whole blocks: round up",
-             2: "margin_blocks is the floor; the watermark's 1% of the pool is larger here, so it wins",
-             0: "the margin is 0 only while nothing runs; here sequences are running"}
-    fail(f"R1: {answer!r} is not the margin in blocks",
-         hint=hints.get(value, "margin() = max(margin_blocks, ceil(watermark * pool blocks))"))
+    review_number(answer, "R1", "r1_answer", 21,
+                  "21 free blocks kept beyond the newcomer's prompt (1% of 2,048, rounded up)",
+                  "is not the margin in blocks", "margin() = max(margin_blocks, ceil(watermark * pool blocks))",
+                  {20: "round the watermark up: ceil(0.01 * 2048)", 20.48: "a margin is whole blocks: round up",
+                   2: "margin_blocks is the floor; the watermark's 1% of the pool is larger here, so it wins",
+                   0: "the margin is 0 only while nothing runs; here sequences are running"},
+                  unit="a number of blocks")
 
 
 @check
 def check_review_victim(answer) -> None:
     """R2: the newest request (C, 40 tokens computed) is preempted, by recompute (below 128 tokens)."""
-    choice = chosen_letter(answer, "R2", "r2_answer")
-    if choice == "b":
-        passed("R2: C, the newest, by recompute: 40 computed tokens are below swap_min_tokens = 128")
-        return
-    hints = {"a": "A is the oldest: preemption takes the newest first",
-             "c": "C is the right victim, but with 40 computed tokens (< swap_min_tokens = 128) 'auto' "
-                  "recomputes it",
-             "d": "B is neither the newest nor preempted before C"}
-    fail(f"R2: ({choice}) is not what the scheduler does", hint=hints[choice])
+    review_choice(answer, "R2", "r2_answer", "b",
+                  "C, the newest, by recompute: 40 computed tokens are below swap_min_tokens = 128",
+                  "is not what the scheduler does",
+                  {"a": "A is the oldest: preemption takes the newest first",
+                   "c": "C is the right victim, but with 40 computed tokens (< swap_min_tokens = 128) 'auto' "
+                        "recomputes it",
+                   "d": "B is neither the newest nor preempted before C"})
 
 
 @check
 def check_review_swap_ms(answer) -> None:
     """R3: swapping a 2,000-token Llama-2-13B sequence (800 KiB per token, fp16) out and back in over a
     25 GB/s host link: 2 * 2000 * 819,200 B / 25e9 B/s = 131 ms."""
-    if answer is None:
-        fail("R3 is not answered yet: set r3_answer to a number of milliseconds")
-    value = _number(answer)
     want = 2 * 2000 * 819_200 / 25e9 * 1e3
-    if value is not None and abs(value - want) <= 0.02 * want:
-        passed(f"R3: about {want:.0f} ms of link time for one swap out and back in")
-        return
-    hint = "bytes = tokens x KV bytes per token; time = bytes / (25e9 bytes/s), once out and once back in"
-    if value is not None and abs(value - want / 2) <= 0.02 * want:
-        hint = "that is one direction: a swapped sequence crosses the link twice, out and back in"
-    elif value is not None and abs(value - want / 1e3) <= 0.02 * want / 1e3:
-        hint = "that is in seconds: the question asks for milliseconds"
-    fail(f"R3: {answer!r} ms is not the swap time", hint=hint)
+    review_number(answer, "R3", "r3_answer", want, f"about {want:.0f} ms of link time for one swap out and back in",
+                  "ms is not the swap time",
+                  "bytes = tokens x KV bytes per token; time = bytes / (25e9 bytes/s), once out and once back in",
+                  {want / 2: "that is one direction: a swapped sequence crosses the link twice, out and back in",
+                   want / 1e3: "that is in seconds: the question asks for milliseconds"},
+                  unit="a number of milliseconds", rel=0.02)

@@ -18,7 +18,8 @@ import torch
 
 import engine.checkpoint  # noqa: F401  (tiny() builds the model with it: imported before any cell)
 from engine.cache.prefix import PrefixCache
-from engine.checks import CheckFailed, check, chosen_letter, compare_logits, expect_equal, fail, passed, tiny
+from engine.checks import (CheckFailed, check, compare_logits, expect_equal, fail, passed, review_choice,
+                           review_number, tiny)
 from engine.generate import cached_step, scratch_logits
 from engine.seeded import seeded_tokens
 
@@ -560,15 +561,6 @@ def check_kv_bytes_from_config(kv_bytes_per_token) -> None:
 
 # ---- auto-graded review questions -----------------------------------------------------------------
 
-def _number(answer, name: str, question: str) -> float:
-    if answer is None:
-        fail(f"Review question {question} is not answered yet: set {name} to a number")
-    try:
-        return float(answer)
-    except (TypeError, ValueError):
-        fail(f"{question}: {name} must be a number, got {answer!r}")
-
-
 @check
 def check_review_int8_bytes(answer) -> None:
     """R1: KV bytes per token of Llama-3-70B in int8 blocks of 16, one float32 scale per block, KV
@@ -577,45 +569,35 @@ def check_review_int8_bytes(answer) -> None:
     codes = 2 * config["layers"] * config["kv_heads"] * config["head_dim"]
     scales = 2 * config["layers"] * config["kv_heads"] * 4
     want = codes + scales / 16
-    value = _number(answer, "r1_answer", "R1")
-    if value == want:
-        passed(f"R1: {want:,.0f} bytes per token, {want / (2 * codes):.2%} of fp16's {2 * codes:,}")
-        return
-    hints = {codes: "that is the codes alone: each block also stores its scales (4 bytes per KV head, "
-                    "per layer, for K and for V), shared by its 16 tokens",
-             2 * codes: "that is fp16 (2 bytes per number); int8 stores 1",
-             codes + scales: "a block's scales are shared by its 16 tokens: divide them by the block size",
-             codes + scales / 16 / 8: "there is one scale per KV head, not one per block",
-             codes + scales / 32: "K and V have a scale each"}
-    fail(f"R1: {answer!r} is not the bytes per token", hint=hints.get(
-        value, "codes: 2 * layers * kv_heads * head_dim bytes; scales: 2 * layers * kv_heads * 4 bytes "
-               "per block of 16 tokens"))
+    review_number(answer, "R1", "r1_answer", want,
+                  f"{want:,.0f} bytes per token, {want / (2 * codes):.2%} of fp16's {2 * codes:,}",
+                  "is not the bytes per token", "codes: 2 * layers * kv_heads * head_dim bytes; scales: "
+                  "2 * layers * kv_heads * 4 bytes per block of 16 tokens",
+                  {codes: "that is the codes alone: each block also stores its scales (4 bytes per KV head, "
+                          "per layer, for K and for V), shared by its 16 tokens",
+                   2 * codes: "that is fp16 (2 bytes per number); int8 stores 1",
+                   codes + scales: "a block's scales are shared by its 16 tokens: divide them by the block size",
+                   codes + scales / 16 / 8: "there is one scale per KV head, not one per block",
+                   codes + scales / 32: "K and V have a scale each"})
 
 
 @check
 def check_review_mla_block(answer) -> None:
     """R2: the MLA block size whose bytes come closest to a 16-token Llama-3-70B block (c: 64)."""
-    choice = chosen_letter(answer, "R2", "r2_answer")
     gqa, mla = 16 * 327_680, 69_120
-    if choice == "c":
-        passed(f"R2: 64 MLA tokens take {64 * mla / 2**20:.2f} MiB, against {gqa / 2**20:.0f} MiB for 16 "
-               "Llama-3-70B tokens")
-        return
-    size = {"a": 16, "b": 32, "d": 128}[choice]
-    fail(f"R2: ({choice}) {size} MLA tokens take {size * mla / 2**20:.2f} MiB, against "
-         f"{gqa / 2**20:.0f} MiB for a 16-token Llama-3-70B block",
-         hint="divide the GQA block's bytes by MLA's bytes per token (69,120) and take the nearest size")
+    review_choice(answer, "R2", "r2_answer", "c", f"64 MLA tokens take {64 * mla / 2**20:.2f} MiB, against "
+                  f"{gqa / 2**20:.0f} MiB for 16 Llama-3-70B tokens",
+                  {letter: f"{size} MLA tokens take {size * mla / 2**20:.2f} MiB, against {gqa / 2**20:.0f} MiB "
+                           "for a 16-token Llama-3-70B block" for letter, size in zip("abd", (16, 32, 128))},
+                  "divide the GQA block's bytes by MLA's bytes per token (69,120) and take the nearest size")
 
 
 @check
 def check_review_table_entries(answer) -> None:
     """R3: block-table entries of one 1,048,576-token sequence in blocks of 64 (16,384)."""
-    value = _number(answer, "r3_answer", "R3")
     want = 2 ** 20 // 64
-    if value == want:
-        passed(f"R3: {want:,} entries, a quarter of the {2 ** 20 // 16:,} that blocks of 16 need")
-        return
-    hints = {2 ** 20 // 16: "that is for blocks of 16; the question asks for blocks of 64",
-             2 ** 20 * 64: "entries = tokens / block size, not times"}
-    fail(f"R3: {answer!r} is not the number of table entries",
-         hint=hints.get(value, "one entry per block: ceil(tokens / block_size)"))
+    review_number(answer, "R3", "r3_answer", want,
+                  f"{want:,} entries, a quarter of the {2 ** 20 // 16:,} that blocks of 16 need",
+                  "is not the number of table entries", "one entry per block: ceil(tokens / block_size)",
+                  {2 ** 20 // 16: "that is for blocks of 16; the question asks for blocks of 64",
+                   2 ** 20 * 64: "entries = tokens / block size, not times"})
