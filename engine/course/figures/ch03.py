@@ -6,6 +6,8 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt
 
+from engine.course.figures import draw_slot_rows
+
 
 def draw_pool(cache, title: str = "") -> None:
     """Every physical block of `cache` as a row of slots, coloured by the sequence whose table names it;
@@ -14,25 +16,22 @@ def draw_pool(cache, title: str = "") -> None:
     bs, num_blocks = cache.block_size, cache.allocator.num_blocks
     colours = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(min(2.2 + 0.42 * bs, 11), 0.3 * num_blocks + 0.8))
-    for block in range(num_blocks):
-        y = -block
+
+    def row_label(block: int) -> str:
         seq, index = owner.get(block, (None, None))
-        ax.text(-0.3, y + 0.4, f"block {block}" + (f": seq {seq}[{index}]" if seq is not None else ""),
-                ha="right", va="center", fontsize=7)
-        for offset in range(bs):
-            if seq is None:
-                face, label = "white", ""
-            else:
-                pos = index * bs + offset
-                stored = pos < cache.lengths[seq]
-                face = colours(seq % 10) if stored else (*colours(seq % 10)[:3], 0.2)
-                label = str(pos) if stored and bs <= 16 else ""
-            ax.add_patch(plt.Rectangle((offset, y), 0.92, 0.8, facecolor=face, edgecolor="grey", lw=0.5))
-            if label:
-                ax.text(offset + 0.46, y + 0.4, label, ha="center", va="center", fontsize=6, color="white")
+        return f"block {block}" + (f": seq {seq}[{index}]" if seq is not None else "")
+
+    def slot(block: int, offset: int):
+        if block not in owner:
+            return "white", ""
+        seq, index = owner[block]
+        pos = index * bs + offset
+        stored = pos < cache.lengths[seq]
+        face = colours(seq % 10) if stored else (*colours(seq % 10)[:3], 0.2)
+        return face, str(pos) if stored and bs <= 16 else ""
+
+    draw_slot_rows(ax, num_blocks, bs, row_label, slot)
     ax.set_xlim(-4.2, bs + 0.1)
-    ax.set_ylim(-num_blocks + 0.6, 1.1)
-    ax.axis("off")
     ax.set_title(title or "the pool: one row per physical block, the number in a slot is its position",
                  fontsize=9)
     fig.tight_layout()

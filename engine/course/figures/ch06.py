@@ -7,6 +7,8 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 import torch
 
+from engine.course.figures import draw_slot_rows
+
 
 def online_softmax_trace(scores: torch.Tensor, block_n: int) -> list[dict]:
     """The running max m and running sum l = sum exp(s - m) after each tile of `block_n` scores,
@@ -79,23 +81,20 @@ def draw_kernel_walk(tables: torch.Tensor, lengths: Sequence[int], num_blocks: i
     owner = {int(b): (s, i) for s, row in enumerate(tables.tolist()) for i, b in enumerate(row)
              if i < -(-lengths[s] // block_size)}
     colours = plt.get_cmap("tab10")
-    for block in range(num_blocks):
-        y = -block
+
+    def row_label(block: int) -> str:
         s, i = owner.get(block, (None, None))
-        left.text(-0.3, y + 0.4, f"block {block}" + (f" (seq {s}, logical {i})" if s is not None else ""),
-                  ha="right", va="center", fontsize=7)
-        for slot in range(block_size):
-            stored = s is not None and i * block_size + slot < lengths[s]
-            face = (*colours(s % 10)[:3], 0.35) if stored else "white"
-            if (block, slot) in read:
-                face = "tab:green"
-            left.add_patch(plt.Rectangle((slot, y), 0.92, 0.8, facecolor=face, edgecolor="grey", lw=0.5))
-            if (block, slot) in read:
-                left.text(slot + 0.46, y + 0.4, str(read[(block, slot)]), ha="center", va="center",
-                          fontsize=6, color="white")
+        return f"block {block}" + (f" (seq {s}, logical {i})" if s is not None else "")
+
+    def slot(block: int, offset: int):
+        if (block, offset) in read:
+            return "tab:green", str(read[(block, offset)])
+        s, i = owner.get(block, (None, None))
+        stored = s is not None and i * block_size + offset < lengths[s]
+        return (*colours(s % 10)[:3], 0.35) if stored else "white", ""
+
+    draw_slot_rows(left, num_blocks, block_size, row_label, slot)
     left.set_xlim(-5.5, block_size + 0.1)
-    left.set_ylim(-num_blocks + 0.6, 1.1)
-    left.axis("off")
     left.set_title("the pool (green: read by this tile; number = position)", fontsize=8)
     # The tile's positions: which logical block, which physical block, and the tail mask.
     for col, p in enumerate(positions):
