@@ -7,16 +7,14 @@ from engine.cache.protocol import new_lengths
 from engine.cache.static import StaticKVCache
 from engine.checks import CheckFailed, ch01
 from engine.config import kv_bytes_per_token
-from fixtures.check_support import fails
+from fixtures.check_support import by_name, cases, fails, fails_with, mutant, passes, stub
 
 
 def stub_function(*args, **kwargs):
     raise NotImplementedError()
 
 
-class StubCache(StaticKVCache):
-    def update(self, layer, k, v, positions):
-        raise NotImplementedError()
+StubCache = stub(StaticKVCache, "update", name="StubCache")
 
 
 def static_utilization(lengths, capacity):
@@ -37,52 +35,43 @@ CACHE_CHECKS = [ch01.check_static_update, ch01.check_static_cache_in_engine]
 
 # ---- the reference passes -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("check, fn", FUNCTION_CHECKS, ids=lambda x: getattr(x, "__name__", ""))
-def test_reference_functions_pass(check, fn, capsys):
-    check(fn)
-    assert capsys.readouterr().out.startswith("✓")
+@pytest.mark.parametrize("check, fn", FUNCTION_CHECKS, ids=by_name)
+def test_reference_functions_pass(check, fn):
+    passes(check, fn)
 
 
-@pytest.mark.parametrize("check", CACHE_CHECKS, ids=lambda c: c.__name__)
-def test_reference_cache_passes(check, capsys, one_thread):
-    check(StaticKVCache)
-    assert capsys.readouterr().out.startswith("✓")
+@pytest.mark.parametrize("check", CACHE_CHECKS, ids=by_name)
+def test_reference_cache_passes(check, one_thread):
+    passes(check, StaticKVCache)
 
 
-def test_the_shipped_models_cost_what_the_chapter_says(capsys):
-    ch01.check_kv_bytes_per_token(kv_bytes_per_token)
-    out = capsys.readouterr().out
+def test_the_shipped_models_cost_what_the_chapter_says():
+    out = passes(ch01.check_kv_bytes_per_token, kv_bytes_per_token)
     for words in ("llama-2-13b 819,200", "llama-3-8b 131,072", "llama-3-70b 327,680", "qwen3-0.6b 114,688"):
         assert words in out, out
 
 
-def test_the_hidden_engine_run_passes(capsys, one_thread):
-    ch01.check_static_cache_in_engine(StaticKVCache, bs=2, decode_steps=24, seed=3)
-    assert capsys.readouterr().out.startswith("✓")
+def test_the_hidden_engine_run_passes(one_thread):
+    passes(ch01.check_static_cache_in_engine, StaticKVCache, bs=2, decode_steps=24, seed=3)
 
 
-def test_review_answers_pass(capsys):
-    ch01.check_review_recompute(6225)
-    ch01.check_review_kv_heads("b")
-    assert capsys.readouterr().out.count("✓") == 2
+def test_review_answers_pass():
+    passes(ch01.check_review_recompute, 6225)
+    passes(ch01.check_review_kv_heads, "b")
 
 
 # ---- stubs are "not implemented yet" ---------------------------------------------------------------
 
-@pytest.mark.parametrize("check", [c for c, _ in FUNCTION_CHECKS], ids=lambda c: c.__name__)
-def test_function_stub_is_not_implemented(check):
-    message = fails(check, stub_function)
-    assert "stub_function" in message and "not implemented yet" in message
+STUBS = [(check, stub_function, "stub_function") for check, _ in FUNCTION_CHECKS] + [
+    (check, StubCache, "StubCache.update") for check in CACHE_CHECKS]
 
 
-@pytest.mark.parametrize("check", CACHE_CHECKS, ids=lambda c: c.__name__)
-def test_cache_stub_is_not_implemented(check):
-    message = fails(check, StubCache)
-    assert "StubCache.update" in message and "not implemented yet" in message
+@pytest.mark.parametrize("check, unwritten, where", STUBS, ids=by_name)
+def test_stub_is_not_implemented(check, unwritten, where):
+    fails_with(check, unwritten, [where, "not implemented yet"])
 
 
-@pytest.mark.parametrize("check", [ch01.check_review_recompute, ch01.check_review_kv_heads],
-                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize("check", [ch01.check_review_recompute, ch01.check_review_kv_heads], ids=by_name)
 def test_unanswered_review_question(check):
     assert "not answered yet" in fails(check, None)
 
@@ -125,11 +114,9 @@ def kv_bits(config, dtype_bytes):
     (kv_fp32_always, ["always counts 4 byte(s)", "dtype_bytes"]),
     (kv_fp16_always, ["dtype_bytes=1", "always counts 2 byte(s)"]),
     (kv_bits, ["counts bits"]),
-], ids=lambda x: getattr(x, "__name__", ""))
+], ids=by_name)
 def test_kv_bytes_bug_is_caught(bug, words):
-    message = fails(ch01.check_kv_bytes_per_token, bug)
-    for word in words:
-        assert word in message, message
+    fails_with(ch01.check_kv_bytes_per_token, bug, words)
 
 
 def kv_float(config, dtype_bytes):
@@ -137,8 +124,7 @@ def kv_float(config, dtype_bytes):
 
 
 def test_kv_bytes_must_be_an_int():
-    message = fails(ch01.check_kv_bytes_per_token, kv_float)
-    assert "expected the int 819200, got 819200.0" in message and "not an int" in message, message
+    fails_with(ch01.check_kv_bytes_per_token, kv_float, ["expected the int 819200, got 819200.0", "not an int"])
 
 
 def test_each_kv_bug_gets_a_different_hint():
@@ -149,19 +135,11 @@ def test_each_kv_bug_gets_a_different_hint():
 
 # ---- planted bugs: the static cache's update -------------------------------------------------------
 
-class PaddingWritten(StaticKVCache):
-    """Writes every column, padding included: position -1 lands in the slot's last position."""
-
-    def update(self, layer, k, v, positions):
-        rows = torch.tensor([self.slot[s] for s in self.batch])
-        row_of = rows[:, None].expand_as(positions)
-        self.k[layer][row_of, :, positions] = k.transpose(1, 2)
-        self.v[layer][row_of, :, positions] = v.transpose(1, 2)
-        lengths = new_lengths(positions, [self.lengths[s] for s in self.batch])
-        if layer == len(self.k) - 1:
-            self.lengths.update(zip(self.batch, lengths))
-        span = max(lengths)
-        return self.k[layer][rows, :, :span], self.v[layer][rows, :, :span], torch.tensor(lengths)
+# Writes every column, padding included: position -1 lands in the slot's last position.
+PaddingWritten = mutant(StaticKVCache, "update", """
+-    valid = positions >= 0
++    valid = positions >= -1
+""", name="PaddingWritten")
 
 
 class PaddingClamped(StaticKVCache):
@@ -262,13 +240,11 @@ class FloatLens(StaticKVCache):
         return keys, values, kv_lens.float()
 
 
-class WholeSlots(StaticKVCache):
-    """Returns the whole slots, not cut to the longest new length."""
-
-    def update(self, layer, k, v, positions):
-        _, _, kv_lens = super().update(layer, k, v, positions)
-        rows = torch.tensor([self.slot[s] for s in self.batch])
-        return self.k[layer][rows], self.v[layer][rows], kv_lens
+# Returns the whole slots, not cut to the longest new length.
+WholeSlots = mutant(StaticKVCache, "update", """
+-    return self.k[layer][rows, :, :span], self.v[layer][rows, :, :span], kv_lens
++    return self.k[layer][rows], self.v[layer][rows], kv_lens
+""", name="WholeSlots")
 
 
 class ValuesFromKeys(StaticKVCache):
@@ -278,14 +254,11 @@ class ValuesFromKeys(StaticKVCache):
         return super().update(layer, k, k, positions)
 
 
-class CommitsOnFirstLayer(StaticKVCache):
-    """Commits the new lengths on layer 0's call instead of the last layer's."""
-
-    def update(self, layer, k, v, positions):
-        keys, values, kv_lens = super().update(layer, k, v, positions)
-        if layer == 0:
-            self.lengths.update(zip(self.batch, kv_lens.tolist()))
-        return keys, values, kv_lens
+# Commits the new lengths on layer 0's call instead of the last layer's.
+CommitsOnFirstLayer = mutant(StaticKVCache, "update", """
+-    if layer == len(self.k) - 1:
++    if layer == 0:
+""", name="CommitsOnFirstLayer")
 
 
 @pytest.mark.parametrize("bug, words", [
@@ -304,28 +277,21 @@ class CommitsOnFirstLayer(StaticKVCache):
     (FloatLens, ["the type of kv_lens", "torch.long"]),
     (WholeSlots, ["expected [3, 2, 5, 4], got [3, 2, 10, 4]", "cut the slots to the longest"]),
     (ValuesFromKeys, ["the returned values", "the values are the keys"]),
-], ids=lambda x: getattr(x, "__name__", ""))
+], ids=by_name)
 def test_update_bug_is_caught_directly(bug, words):
-    message = fails(ch01.check_static_update, bug)
-    for word in words:
-        assert word in message, message
+    fails_with(ch01.check_static_update, bug, words)
 
 
-@pytest.mark.parametrize("bug, words", [
-    (PaddingClamped, ["from-scratch run", "padding written"]),
-    (RowZeroOffset, ["from-scratch run", "wrong offset"]),
-    (ColumnOffset, ["from-scratch run", "wrong offset"]),
-    (BatchRowAsSlot, ["from-scratch run", "a batch row is not a slot row"]),
-    (KvLensOneShort, ["from-scratch run", "off by one"]),
-    (CountsNewTokens, ["from-scratch run", "length committed on every layer"]),
-], ids=lambda x: getattr(x, "__name__", ""))
-def test_update_bug_breaks_the_logits_with_its_hint(bug, words, one_thread):
-    message = fails(ch01.check_static_cache_in_engine, bug)
-    for word in words:
-        assert word in message, message
+@pytest.mark.parametrize("bug, hint", [
+    (PaddingClamped, "padding written"), (RowZeroOffset, "wrong offset"), (ColumnOffset, "wrong offset"),
+    (BatchRowAsSlot, "a batch row is not a slot row"), (KvLensOneShort, "off by one"),
+    (CountsNewTokens, "length committed on every layer"),
+], ids=by_name)
+def test_update_bug_breaks_the_logits_with_its_hint(bug, hint, one_thread):
+    fails_with(ch01.check_static_cache_in_engine, bug, ["from-scratch run", hint])
 
 
-@pytest.mark.parametrize("bug", [PaddingWritten, CommitsEveryLayer], ids=lambda b: b.__name__)
+@pytest.mark.parametrize("bug", [PaddingWritten, CommitsEveryLayer], ids=by_name)
 def test_bugs_the_logits_cannot_see_still_fail_the_direct_check(bug, one_thread):
     # Padding written to the last slot position is overwritten before it is read, and committing an
     # idempotent max() early changes nothing a layer reads: only the direct check can see these.
@@ -345,10 +311,7 @@ def test_bugs_the_logits_cannot_see_still_fail_the_direct_check(bug, one_thread)
     (lambda l, c: sum(l) / c, ["reserves one slot in total"]),
 ], ids=["percent", "waste", "longest", "one_slot"])
 def test_utilization_bug_is_caught(bug, words):
-    message = fails(ch01.check_static_utilization, bug)
-    assert "expected 657/3072 = 0.2139" in message, message
-    for word in words:
-        assert word in message, message
+    fails_with(ch01.check_static_utilization, bug, ["expected 657/3072 = 0.2139", *words])
 
 
 @pytest.mark.parametrize("bug, words", [
@@ -360,25 +323,16 @@ def test_utilization_bug_is_caught(bug, words):
     (lambda g, w, s, b: float(max(g - w, 0) // (s * b)), ["as an int"]),
 ], ids=["ceil", "no_weights", "tokens", "fraction", "negative", "float"])
 def test_slots_bug_is_caught(bug, words):
-    message = fails(ch01.check_slots_that_fit, bug)
-    for word in words:
-        assert word in message, message
+    fails_with(ch01.check_slots_that_fit, bug, words)
 
 
 # ---- review questions ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("answer, words", [(149, ["WITH a cache"]), (6375, ["one step off"]),
-                                           (6275, ["one step off"]), (5000, ["add those up"])])
-def test_review_recompute_wrong_answers(answer, words):
-    message = fails(ch01.check_review_recompute, answer)
-    assert "6225" not in message
-    for word in words:
-        assert word in message, message
-
-
-@pytest.mark.parametrize("answer, words", [("a", ["query heads are not cached"]), ("c", ["vocabulary"]),
-                                           ("d", ["context"]), ("e", ["one letter"])])
-def test_review_kv_heads_wrong_answers(answer, words):
-    message = fails(ch01.check_review_kv_heads, answer)
-    for word in words:
-        assert word in message, message
+@pytest.mark.parametrize("check, answer, words", cases({
+    ch01.check_review_recompute: {149: ["WITH a cache"], 6375: ["one step off"], 6275: ["one step off"],
+                                  5000: ["add those up"]},
+    ch01.check_review_kv_heads: {"a": ["query heads are not cached"], "c": ["vocabulary"], "d": ["context"],
+                                 "e": ["one letter"]},
+}))
+def test_review_wrong_answers(check, answer, words):
+    assert "6225" not in fails_with(check, answer, words)   # the hint never gives the answer away
