@@ -4,21 +4,15 @@ import pytest
 
 from engine.cache.paged import PagedKVCache
 from engine.checks import ch04
-from fixtures.check_support import fails
+from fixtures.check_support import by_name, fails, fails_with, mutant, passes, stub
 
-CHECKS = [
-    ch04.check_fork_shares,
-    ch04.check_copy_on_write,
-    ch04.check_fork_block_counts,
-    ch04.check_fork_then_diverge,
-    ch04.check_parallel_sampling,
-]
+CHECKS = [ch04.check_fork_shares, ch04.check_copy_on_write, ch04.check_fork_block_counts,
+          ch04.check_fork_then_diverge, ch04.check_parallel_sampling]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
-def test_reference_passes(check, capsys):
-    check(PagedKVCache)
-    assert capsys.readouterr().out.startswith("✓")
+@pytest.mark.parametrize("check", CHECKS, ids=by_name)
+def test_reference_passes(check):
+    passes(check, PagedKVCache)
 
 
 def test_block_counts_reproduce_the_demo():
@@ -30,41 +24,24 @@ def test_block_counts_reproduce_the_demo():
 
 # ---- stubs ----------------------------------------------------------------------------------------
 
-class StubCache(PagedKVCache):
-    def fork(self, parent, child):
-        raise NotImplementedError()
-
-    def copy_on_write(self, seq, index):
-        raise NotImplementedError()
+StubCache = stub(PagedKVCache, "fork", "copy_on_write", name="StubCache")
+StubCopyOnWrite = stub(PagedKVCache, "copy_on_write", name="StubCopyOnWrite")
 
 
-class StubCopyOnWrite(PagedKVCache):
-    def copy_on_write(self, seq, index):
-        raise NotImplementedError()
-
-
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("check", CHECKS, ids=by_name)
 def test_stub_is_not_implemented(check):
-    message = fails(check, StubCache)
-    assert "not implemented yet" in message
-    assert "StubCache.fork" in message or "StubCache.copy_on_write" in message
+    fails_with(check, StubCache, ["not implemented yet", ("StubCache.fork", "StubCache.copy_on_write")])
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("check", CHECKS, ids=by_name)
 def test_half_done_chapter_names_the_missing_method(check):
     if check is ch04.check_fork_shares:      # fork alone works: this check passes
-        check(StubCopyOnWrite)
+        passes(check, StubCopyOnWrite)
         return
-    message = fails(check, StubCopyOnWrite)
-    assert "StubCopyOnWrite.copy_on_write" in message and "not implemented yet" in message
+    fails_with(check, StubCopyOnWrite, ["StubCopyOnWrite.copy_on_write", "not implemented yet"])
 
 
-# ---- planted bugs: each overrides fork or copy_on_write through the cache's public attributes -----
-
-def copy_block(cache, source, target, pools=None):
-    for pool in pools if pools is not None else cache.k_pools + cache.v_pools:
-        pool[target].copy_(pool[source])
-
+# ---- planted bugs: the engine's fork or copy_on_write with the edit shown as a diff, or written anew ------
 
 class NoCopyOnWrite(PagedKVCache):
     """Writes go straight into the shared block."""
@@ -73,61 +50,27 @@ class NoCopyOnWrite(PagedKVCache):
         pass
 
 
-class CopyWrongBlock(PagedKVCache):
-    """Copies the data of the block before the one about to be written."""
-
-    def copy_on_write(self, seq, index):
-        table = self.tables[seq]
-        if self.allocator.refcount(table[index]) == 1:
-            return
-        [fresh] = self.allocator.allocate(1)
-        copy_block(self, table[max(index - 1, 0)], fresh)
-        self.allocator.release(table[index])
-        table[index] = fresh
-
-
-class CopyForgetsRelease(PagedKVCache):
-    def copy_on_write(self, seq, index):
-        table = self.tables[seq]
-        if self.allocator.refcount(table[index]) == 1:
-            return
-        [fresh] = self.allocator.allocate(1)
-        copy_block(self, table[index], fresh)
-        table[index] = fresh
-
-
-class CopyForgetsRepoint(PagedKVCache):
-    """Copies into a fresh block and releases the old one, but the table keeps naming the old block."""
-
-    def copy_on_write(self, seq, index):
-        table = self.tables[seq]
-        if self.allocator.refcount(table[index]) == 1:
-            return
-        [fresh] = self.allocator.allocate(1)
-        copy_block(self, table[index], fresh)
-        self.allocator.release(table[index])
-
-
-class CopyKeysOnly(PagedKVCache):
-    def copy_on_write(self, seq, index):
-        table = self.tables[seq]
-        if self.allocator.refcount(table[index]) == 1:
-            return
-        [fresh] = self.allocator.allocate(1)
-        copy_block(self, table[index], fresh, pools=self.k_pools)
-        self.allocator.release(table[index])
-        table[index] = fresh
-
-
-class CopyAlways(PagedKVCache):
-    """Copies even a private block: correct results, wasted copies."""
-
-    def copy_on_write(self, seq, index):
-        table = self.tables[seq]
-        [fresh] = self.allocator.allocate(1)
-        copy_block(self, table[index], fresh)
-        self.allocator.release(table[index])
-        table[index] = fresh
+# Copies the data of the block before the one about to be written.
+CopyWrongBlock = mutant(PagedKVCache, "copy_on_write", """
+-        pool[fresh].copy_(pool[block])
++        pool[fresh].copy_(pool[table[max(index - 1, 0)]])
+""", name="CopyWrongBlock")
+CopyForgetsRelease = mutant(PagedKVCache, "copy_on_write", """
+-    self.allocator.release(block)
+""", name="CopyForgetsRelease")
+# Copies into a fresh block and releases the old one, but the table keeps naming the old block.
+CopyForgetsRepoint = mutant(PagedKVCache, "copy_on_write", """
+-    table[index] = fresh
+""", name="CopyForgetsRepoint")
+CopyKeysOnly = mutant(PagedKVCache, "copy_on_write", """
+-    for pool in self.k_pools + self.v_pools:
++    for pool in self.k_pools:
+""", name="CopyKeysOnly")
+# Copies even a private block: correct results, wasted copies.
+CopyAlways = mutant(PagedKVCache, "copy_on_write", """
+-    if self.allocator.refcount(block) == 1:
+-        return
+""", name="CopyAlways")
 
 
 class ForkCopiesData(PagedKVCache):
@@ -137,27 +80,21 @@ class ForkCopiesData(PagedKVCache):
         self.create(child)
         fresh = self.allocator.allocate(len(self.tables[parent]))
         for source, target in zip(self.tables[parent], fresh):
-            copy_block(self, source, target)
+            for pool in self.k_pools + self.v_pools:
+                pool[target].copy_(pool[source])
         self.tables[child] = fresh
         self.lengths[child] = self.lengths[parent]
 
 
-class ForkForgetsShare(PagedKVCache):
-    def fork(self, parent, child):
-        self.create(child)
-        self.tables[child] = list(self.tables[parent])
-        self.lengths[child] = self.lengths[parent]
-
-
-class ForkAliasesTable(PagedKVCache):
-    """The child's table is the parent's list itself."""
-
-    def fork(self, parent, child):
-        self.create(child)
-        self.tables[child] = self.tables[parent]
-        self.lengths[child] = self.lengths[parent]
-        for block in self.tables[child]:
-            self.allocator.share(block)
+ForkForgetsShare = mutant(PagedKVCache, "fork", """
+-    for block in self.tables[child]:
+-        self.allocator.share(block)
+""", name="ForkForgetsShare")
+# The child's table is the parent's list itself.
+ForkAliasesTable = mutant(PagedKVCache, "fork", """
+-    table = list(self.table(parent))
++    table = self.table(parent)
+""", name="ForkAliasesTable")
 
 
 DIVERGED = ["from-scratch run", "max |Δ|", "block another sequence still uses"]
@@ -192,18 +129,15 @@ DIVERGED = ["from-scratch run", "max |Δ|", "block another sequence still uses"]
     (ch04.check_fork_then_diverge, CopyForgetsRelease, ["after freeing every sequence", "release the block it copied"]),
     (ch04.check_parallel_sampling, NoCopyOnWrite, DIVERGED),
     (ch04.check_parallel_sampling, CopyWrongBlock, DIVERGED),
-], ids=lambda x: getattr(x, "__name__", ""))
+], ids=by_name)
 def test_bug_is_caught(check, bug, words):
-    message = fails(check, bug)
-    for word in words:
-        assert word in message, message
+    fails_with(check, bug, words)
 
 
 def test_divergence_message_names_the_position():
-    message = fails(ch04.check_fork_then_diverge, NoCopyOnWrite)
     # The first token after the fork is at position 10 (a 10-token prompt, blocks of 4).
-    assert "after fork + one different token each, sequence" in message
-    assert "at position 10" in message
+    fails_with(ch04.check_fork_then_diverge, NoCopyOnWrite, ["after fork + one different token each, sequence",
+                                                             "at position 10"])
 
 
 # ---- the chapter's small exercise: blocks held by n forked samples ---------------------------------
@@ -225,20 +159,17 @@ def unshared_blocks(prompt_len, n, generated, block_size):
     return n * -(-(prompt_len + generated) // block_size)
 
 
-def test_shared_blocks_reference_passes(capsys):
-    ch04.check_shared_blocks(shared_blocks)
-    assert "129 blocks, not 504" in capsys.readouterr().out
+def test_shared_blocks_reference_passes():
+    assert "129 blocks, not 504" in passes(ch04.check_shared_blocks, shared_blocks)
 
 
 @pytest.mark.parametrize("bug, words", [
     (shared_blocks_without_copies, ["shared_blocks(prompt_len=40, n=4, generated=1, block_size=16)",
                                     "expected 6, got 3", "once per sample"]),
     (unshared_blocks, ["generated=0", "expected 3, got 12", "share every prompt block"]),
-], ids=lambda x: getattr(x, "__name__", ""))
+], ids=by_name)
 def test_shared_blocks_bug_is_caught(bug, words):
-    message = fails(ch04.check_shared_blocks, bug)
-    for word in words:
-        assert word in message, message
+    fails_with(ch04.check_shared_blocks, bug, words)
 
 
 def test_shared_blocks_stub_is_not_implemented():
