@@ -7,96 +7,72 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.cache.quantized import QMAX, SCALE_FLOOR, QuantizedPagedKVCache
 from engine.checks import ch08
-from fixtures.check_support import fails
+from fixtures.check_support import by_name, cases, fails, fails_with, mutant, passes, stub
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-CACHE_CHECKS = [
-    ch08.check_quantize_on_write,
-    ch08.check_dequantize_on_read,
-    ch08.check_copy_on_write_carries_scales,
-    ch08.check_sharing_keeps_scales,
-    ch08.check_int8_logits,
-]
+CACHE_CHECKS = [ch08.check_quantize_on_write, ch08.check_dequantize_on_read, ch08.check_copy_on_write_carries_scales,
+                ch08.check_sharing_keeps_scales, ch08.check_int8_logits]
 
 
-@pytest.mark.parametrize("check", CACHE_CHECKS, ids=lambda c: c.__name__)
-def test_reference_passes(check, capsys):
-    check(QuantizedPagedKVCache)
-    assert capsys.readouterr().out.startswith("✓")
+@pytest.mark.parametrize("check", CACHE_CHECKS, ids=by_name)
+def test_reference_passes(check):
+    passes(check, QuantizedPagedKVCache)
 
 
-def test_hidden_variant_passes(capsys):
-    ch08.check_int8_logits(QuantizedPagedKVCache, block_size=8, seed=1)
-    assert "worst |Δ|" in capsys.readouterr().out
+StubCache = stub(QuantizedPagedKVCache, "quantize_into", "dequantize", "copy_on_write", name="StubCache")
 
 
-class StubCache(QuantizedPagedKVCache):
-    def quantize_into(self, pool, scales, blocks, offsets, rows):
-        raise NotImplementedError()
-
-    def dequantize(self, pool, scales, blocks):
-        raise NotImplementedError()
-
-    def copy_on_write(self, seq, index):
-        raise NotImplementedError()
-
-
-@pytest.mark.parametrize("check", CACHE_CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("check", CACHE_CHECKS, ids=by_name)
 def test_stub_is_not_implemented(check):
-    message = fails(check, StubCache)
-    assert "not implemented yet" in message
-    assert "StubCache." in message
+    fails_with(check, StubCache, ["not implemented yet", "StubCache."])
 
 
-# ---- planted bugs in quantize_into: each is the reference with one thing wrong ----------------------
-
-def quantize(cache, pool, scales, blocks, offsets, rows, *, fresh=True, grow=True, requantize=True,
-             per_head=True, divisor=QMAX, rounding=torch.round, pool_scale=False, shrink=False,
-             floor=SCALE_FLOOR):
-    """The reference quantize_into, with switches that plant the classic bugs."""
-    touched, where = torch.unique(blocks, return_inverse=True)
-    need = rows.abs().amax(dim=-1).float() / divisor
-    if not per_head:
-        need = need.amax(dim=-1, keepdim=True).expand_as(need)
-    wanted = torch.zeros(len(touched), rows.shape[1])
-    wanted.scatter_reduce_(0, where[:, None].expand_as(need), need, "amax")
-    if pool_scale:
-        wanted = wanted.amax(dim=0, keepdim=True).expand_as(wanted)
-    first = torch.full((len(touched),), cache.block_size, dtype=offsets.dtype)
-    first.scatter_reduce_(0, where, offsets, "amin")
-    old = torch.where((first > 0)[:, None], scales[touched], 0.0) if fresh else scales[touched].clone()
-    if shrink:
-        new = torch.where((first > 0)[:, None] & (wanted == 0), old, wanted).clamp(min=floor)
-    elif grow:
-        new = torch.maximum(old, wanted).clamp(min=floor)
-    else:                                            # the first write fixes the scale
-        new = torch.where(old > 0, old, wanted).clamp(min=floor)
-    if requantize:
-        kept = pool[touched].float() * (old / new)[:, :, None, None]
-        pool[touched] = rounding(kept).clamp(-QMAX, QMAX).to(pool.dtype)
-    scales[touched] = new
-    if pool_scale:
-        scales[:] = new[0]
-    codes = rounding(rows.float() / new[where][:, :, None]).clamp(-QMAX, QMAX)
-    pool[blocks, :, offsets] = codes.to(pool.dtype)
+def test_hidden_variant_passes():
+    assert "worst |Δ|" in passes(ch08.check_int8_logits, QuantizedPagedKVCache, block_size=8, seed=1)
 
 
-def planted(name, **switches):
-    def quantize_into(self, pool, scales, blocks, offsets, rows):
-        quantize(self, pool, scales, blocks, offsets, rows, **switches)
-    return type(name, (QuantizedPagedKVCache,), {"quantize_into": quantize_into})
+# ---- planted bugs in quantize_into: the reference with one thing wrong, shown as a diff -------------
 
-
-NoRounding = planted("NoRounding", rounding=torch.trunc)
-ClampAtFirstScale = planted("ClampAtFirstScale", grow=False, requantize=False)
-GrowWithoutRequantize = planted("GrowWithoutRequantize", requantize=False)
-KeepsPreviousOwnersScale = planted("KeepsPreviousOwnersScale", fresh=False)
-OneScalePerBlock = planted("OneScalePerBlock", per_head=False)
-OneScaleForThePool = planted("OneScaleForThePool", pool_scale=True)
-Divides128 = planted("Divides128", divisor=128)
-ScaleShrinks = planted("ScaleShrinks", shrink=True)
-NoScaleFloor = planted("NoScaleFloor", floor=0.0)
+NoRounding = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    codes = torch.round(rows.float() / new[where][:, :, None]).clamp(-QMAX, QMAX)
++    codes = torch.trunc(rows.float() / new[where][:, :, None]).clamp(-QMAX, QMAX)
+""", name="NoRounding")
+# The first write fixes the scale: later, larger tokens are clamped.
+ClampAtFirstScale = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    new = torch.maximum(old, wanted).clamp(min=SCALE_FLOOR)
++    new = torch.where(old > 0, old, wanted).clamp(min=SCALE_FLOOR)
+""", name="ClampAtFirstScale")
+GrowWithoutRequantize = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    kept = pool[touched].float() * (old / new)[:, :, None, None]
+-    pool[touched] = torch.round(kept).to(pool.dtype)
+""", name="GrowWithoutRequantize")
+KeepsPreviousOwnersScale = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    old = torch.where((first > 0)[:, None], scales[touched], 0.0)
++    old = scales[touched].clone()
+""", name="KeepsPreviousOwnersScale")
+OneScalePerBlock = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    need = rows.abs().amax(dim=-1).float() / QMAX
++    need = rows.abs().amax(dim=-1).float() / QMAX
++    need = need.amax(dim=-1, keepdim=True).expand_as(need)        # one for all KV heads
+""", name="OneScalePerBlock")
+OneScaleForThePool = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    scales[touched] = new
++    scales[:] = new.amax(dim=0)
+""", name="OneScaleForThePool")
+Divides128 = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    need = rows.abs().amax(dim=-1).float() / QMAX
++    need = rows.abs().amax(dim=-1).float() / 128
+""", name="Divides128")
+# The scale follows the latest write down, below tokens already stored.
+ScaleShrinks = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    new = torch.maximum(old, wanted).clamp(min=SCALE_FLOOR)
++    new = wanted.clamp(min=SCALE_FLOOR)
+""", name="ScaleShrinks")
+NoScaleFloor = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    new = torch.maximum(old, wanted).clamp(min=SCALE_FLOOR)
++    new = torch.maximum(old, wanted)
+""", name="NoScaleFloor")
 
 
 class RescalesOtherBlocks(QuantizedPagedKVCache):
@@ -138,9 +114,10 @@ class RowByRow(QuantizedPagedKVCache):
 
 # ---- planted bugs in dequantize ------------------------------------------------------------------
 
-class ForgetsTheScale(QuantizedPagedKVCache):
-    def dequantize(self, pool, scales, blocks):
-        return pool[blocks].to(self.read_dtype)
+ForgetsTheScale = mutant(QuantizedPagedKVCache, "dequantize", """
+-    return codes * scales[blocks].to(self.read_dtype)[..., None, None]
++    return codes
+""", name="ForgetsTheScale")
 
 
 class ScaleByPosition(QuantizedPagedKVCache):
@@ -166,14 +143,10 @@ class CopyForgetsScales(QuantizedPagedKVCache):
         PagedKVCache.copy_on_write(self, seq, index)
 
 
-class CopyKeyScalesOnly(QuantizedPagedKVCache):
-    def copy_on_write(self, seq, index):
-        block = self.tables[seq][index]
-        PagedKVCache.copy_on_write(self, seq, index)
-        fresh = self.tables[seq][index]
-        if fresh != block:
-            for scales in self.k_scales:
-                scales[fresh] = scales[block]
+CopyKeyScalesOnly = mutant(QuantizedPagedKVCache, "copy_on_write", """
+-        for scales in self.k_scales + self.v_scales:
++        for scales in self.k_scales:
+""", name="CopyKeyScalesOnly")
 
 
 class WritesIntoTheSharedBlock(QuantizedPagedKVCache):
@@ -196,7 +169,6 @@ class WritesIntoTheSharedBlock(QuantizedPagedKVCache):
     (ch08.check_quantize_on_write, ScaleShrinks, ["must still cover the 2 tokens already stored"]),
     (ch08.check_quantize_on_write, RescalesOtherBlocks, ["was not written", "another sequence may be reading"]),
     (ch08.check_quantize_on_write, FreshPerWrite, ["fresh block 5", "decide per block"]),
-    (ch08.check_int8_logits, FreshPerWrite, ["from-scratch run", "decide per block"]),
     (ch08.check_quantize_on_write, RowByRow, ["one step off", "one at a time"]),
     (ch08.check_quantize_on_write, NoScaleFloor, ["all-zero token", "SCALE_FLOOR"]),
     (ch08.check_dequantize_on_read, ReadsInFloat64, ["the dtype", "self.read_dtype"]),
@@ -212,21 +184,23 @@ class WritesIntoTheSharedBlock(QuantizedPagedKVCache):
     (ch08.check_sharing_keeps_scales, RescalesOtherBlocks, ["the parent's block 0 changed",
                                                            "another sequence may be reading"]),
     (ch08.check_sharing_keeps_scales, CopyForgetsScales, ["from-scratch run", "none of the scales"]),
-    (ch08.check_int8_logits, ClampAtFirstScale, ["from-scratch run", "allowed 0.25", "clamped"]),
-    (ch08.check_int8_logits, ForgetsTheScale, ["from-scratch run", "raw codes"]),
-    (ch08.check_int8_logits, GrowWithoutRequantize, ["from-scratch run", "re-round"]),
-    (ch08.check_int8_logits, OneScaleForThePool, ["from-scratch run", "one scale for the whole pool"]),
-    (ch08.check_int8_logits, CopyForgetsScales, ["from-scratch run", "none of the scales"]),
-], ids=lambda x: getattr(x, "__name__", ""))
+], ids=by_name)
 def test_bug_is_caught(check, bug, words):
-    message = fails(check, bug)
-    for word in words:
-        assert word in message, message
+    fails_with(check, bug, words)
+
+
+@pytest.mark.parametrize("bug, words", [
+    (FreshPerWrite, ["decide per block"]), (ClampAtFirstScale, ["allowed 0.25", "clamped"]),
+    (ForgetsTheScale, ["raw codes"]), (GrowWithoutRequantize, ["re-round"]),
+    (OneScaleForThePool, ["one scale for the whole pool"]), (CopyForgetsScales, ["none of the scales"]),
+], ids=by_name)
+def test_bug_breaks_the_int8_logits_with_its_hint(bug, words):
+    fails_with(ch08.check_int8_logits, bug, ["from-scratch run", *words])
 
 
 @pytest.mark.parametrize("bug", [NoRounding, ClampAtFirstScale, GrowWithoutRequantize, KeepsPreviousOwnersScale,
                                  OneScalePerBlock, OneScaleForThePool, Divides128, ScaleShrinks,
-                                 RescalesOtherBlocks, FreshPerWrite, RowByRow], ids=lambda b: b.__name__)
+                                 RescalesOtherBlocks, FreshPerWrite, RowByRow], ids=by_name)
 def test_a_quantize_bug_leaves_the_other_exercises_passing(bug):
     ch08.check_dequantize_on_read(bug)
     ch08.check_copy_on_write_carries_scales(bug)
@@ -276,9 +250,8 @@ def always_two_bytes(hf, dtype_bytes=2):
     return kv_bytes(hf, 2)
 
 
-def test_kv_bytes_reference_passes(capsys):
-    ch08.check_kv_bytes_from_config(kv_bytes)
-    assert "69,120 B/token" in capsys.readouterr().out
+def test_kv_bytes_reference_passes():
+    assert "69,120 B/token" in passes(ch08.check_kv_bytes_from_config, kv_bytes)
     assert ch08.kv_bytes_reference(ch08.load_hf("deepseek-v2")) == 60 * 576 * 2
 
 
@@ -290,11 +263,9 @@ def test_kv_bytes_reference_passes(capsys):
     (ignores_head_dim, ["qwen3-0.6b", "head_dim"]),
     (one_layer, ["llama-2-13b", "num_hidden_layers"]),
     (always_two_bytes, ["dtype_bytes=1", "not a fixed 2"]),
-], ids=lambda x: getattr(x, "__name__", ""))
+], ids=by_name)
 def test_kv_bytes_bug_is_caught(bug, words):
-    message = fails(ch08.check_kv_bytes_from_config, bug)
-    for word in words:
-        assert word in message, message
+    fails_with(ch08.check_kv_bytes_from_config, bug, words)
 
 
 def test_kv_bytes_stub_is_not_implemented():
@@ -305,35 +276,24 @@ def test_kv_bytes_stub_is_not_implemented():
 
 # ---- auto-graded review questions ------------------------------------------------------------------
 
-def test_review_answers_pass(capsys):
-    ch08.check_review_int8_bytes(2 * 80 * 8 * 128 + 2 * 80 * 8 * 4 / 16)
-    ch08.check_review_mla_block("c")
-    ch08.check_review_table_entries(16384)
-    assert capsys.readouterr().out.count("✓") == 3
+def test_review_answers_pass():
+    passes(ch08.check_review_int8_bytes, 2 * 80 * 8 * 128 + 2 * 80 * 8 * 4 / 16)
+    passes(ch08.check_review_mla_block, "c")
+    passes(ch08.check_review_table_entries, 16384)
 
 
-@pytest.mark.parametrize("check, answer, words", [
-    (ch08.check_review_int8_bytes, None, ["not answered yet"]),
-    (ch08.check_review_int8_bytes, 163_840, ["codes alone", "scales"]),
-    (ch08.check_review_int8_bytes, 327_680, ["fp16"]),
-    (ch08.check_review_int8_bytes, 163_840 + 5_120, ["divide them by the block size"]),
-    (ch08.check_review_mla_block, None, ["not answered yet"]),
-    (ch08.check_review_mla_block, "d", ["128 MLA tokens", "69,120"]),
-    (ch08.check_review_mla_block, "e", ["one letter"]),
-    (ch08.check_review_table_entries, 65_536, ["blocks of 16"]),
-    (ch08.check_review_table_entries, "many", ["must be a number"]),
-])
+@pytest.mark.parametrize("check, answer, words", cases({
+    ch08.check_review_int8_bytes: {None: ["not answered yet"], 163_840: ["codes alone", "scales"], 327_680: ["fp16"],
+                                   163_840 + 5_120: ["divide them by the block size"]},
+    ch08.check_review_mla_block: {None: ["not answered yet"], "d": ["128 MLA tokens", "69,120"], "e": ["one letter"]},
+    ch08.check_review_table_entries: {65_536: ["blocks of 16"], "many": ["must be a number"]},
+}))
 def test_review_wrong_answers_get_their_hint(check, answer, words):
-    message = fails(check, answer)
-    for word in words:
-        assert word in message, message
+    fails_with(check, answer, words)
 
 
-def test_dequantize_and_copy_checks_run_without_quantize_into(capsys):
+def test_dequantize_and_copy_checks_run_without_quantize_into():
     """Each exercise's check runs on its own method: a learner may write them in any order."""
-    class QuantizeNotWritten(QuantizedPagedKVCache):
-        def quantize_into(self, pool, scales, blocks, offsets, rows):
-            raise NotImplementedError()
-    ch08.check_dequantize_on_read(QuantizeNotWritten)
-    ch08.check_copy_on_write_carries_scales(QuantizeNotWritten)
-    assert capsys.readouterr().out.count("✓") == 2
+    unwritten = stub(QuantizedPagedKVCache, "quantize_into", name="QuantizeNotWritten")
+    passes(ch08.check_dequantize_on_read, unwritten)
+    passes(ch08.check_copy_on_write_carries_scales, unwritten)
