@@ -7,7 +7,7 @@ from engine.cache import slots
 from engine.cache.allocator import BlockAllocator
 from engine.cache.errors import OutOfBlocks
 from engine.checks import CheckFailed, ch02
-from fixtures.check_support import by_name, fails, fails_with, passes, stub
+from fixtures.check_support import by_name, cases, fails, fails_with, passes, stub
 
 SLOT_CHECKS = [
     (ch02.check_physical_slot, slots.physical_slot),
@@ -106,20 +106,26 @@ def mapping_off_by_one(block_tables, positions, bs):
     return out.where(positions < 0, out + 1)
 
 
-@pytest.mark.parametrize("check, bug, words", [
-    (ch02.check_physical_slot, slot_before_boundary, ["FIRST slot of logical block"]),
-    (ch02.check_physical_slot, slot_ignores_table, ["worked example", "expected (7, 1), got (2, 1)",
-                                                    "block table was ignored"]),
-    (ch02.check_slot_index, index_without_scale, ["expected 29, got 8", "block id was not scaled"]),
-    (ch02.check_slot_index, index_one_past, ["expected 29, got 30", "one slot off"]),
-    (ch02.check_slot_index, index_ignores_table, ["expected 29, got 9", "block table was ignored"]),
-    (ch02.check_blocks_needed, blocks_floor_plus_one, ["blocks_needed(0, 16)", "expected 0, got 1"]),
-    (ch02.check_blocks_needed, blocks_floor, ["expected 1, got 0", "start one more"]),
-    (ch02.check_slot_mapping, mapping_keeps_padding, ["position -1", "expected -1", "padding"]),
-    (ch02.check_slot_mapping, mapping_off_by_one, ["expected 28, got 29", "one slot off"]),
-    (ch02.check_slot_mapping, mapping_ignores_table, ["expected 28, got 8", "block table was ignored",
-                                                      "table[pos // bs] = 7"]),
-], ids=by_name)
+@pytest.mark.parametrize("check, bug, words", cases({
+    ch02.check_physical_slot: {
+        slot_before_boundary: ["FIRST slot of logical block"],
+        slot_ignores_table: ["worked example", "expected (7, 1), got (2, 1)", "block table was ignored"],
+    },
+    ch02.check_slot_index: {
+        index_without_scale: ["expected 29, got 8", "block id was not scaled"],
+        index_one_past: ["expected 29, got 30", "one slot off"],
+        index_ignores_table: ["expected 29, got 9", "block table was ignored"],
+    },
+    ch02.check_blocks_needed: {
+        blocks_floor_plus_one: ["blocks_needed(0, 16)", "expected 0, got 1"],
+        blocks_floor: ["expected 1, got 0", "start one more"],
+    },
+    ch02.check_slot_mapping: {
+        mapping_keeps_padding: ["position -1", "expected -1", "padding"],
+        mapping_off_by_one: ["expected 28, got 29", "one slot off"],
+        mapping_ignores_table: ["expected 28, got 8", "block table was ignored", "table[pos // bs] = 7"],
+    },
+}), ids=by_name)
 def test_slot_math_bug_is_caught(check, bug, words):
     fails_with(check, bug, words)
 

@@ -6,7 +6,7 @@ from engine.cache.paged import PagedKVCache
 from engine.checks import ch07
 from engine.serve.request import Status
 from engine.serve.scheduler import Scheduler
-from fixtures.check_support import by_name, fails, fails_with, mutant, passes, stub
+from fixtures.check_support import by_name, cases, fails, fails_with, mutant, passes, stub
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -144,28 +144,36 @@ ForkAliasesTokens = mutant(Scheduler, "fork_samples", """
 """, name="ForkAliasesTokens")
 
 
-@pytest.mark.parametrize("check, bug, words", [
-    (ch07.check_preempt, PreemptNeverFrees, ["blocks were never freed", "expected (False,"]),
-    (ch07.check_reserve_or_preempt, PreemptNeverFrees, ["still holds", "blocks were never freed"]),
-    (ch07.check_preempt, RecomputeNotReset, ["num_computed of the victim", "not reset to re-prefill"]),
-    (ch07.check_preempt, ModeFromConfig, ["preemption='auto'", "self.preemption_mode(seq)"]),
-    (ch07.check_admit, AdmitWithoutReserving, ["positions with reserved room", "admission without reserving",
-                                               "cache.reserve"]),
-    (ch07.check_admit, AdmitWithoutRoomCheck, ["margin 2 blocks", "expected 0", "margin()"]),
-    (ch07.check_admit, AdmitCountsCachedTokens, ["first 12 tokens are cached", "len(seq.tokens) - reused"]),
-    (ch07.check_choose_victim, OldestVictim, ["picked id", "oldest request was preempted"]),
-    (ch07.check_reserve_or_preempt, OldestVictim, ["oldest request was preempted"]),
-    (ch07.check_reserve_or_preempt, TrueAfterEvicting, ["returned True; positions with reserved room",
-                                                        "try the reserve again"]),
-    (ch07.check_swap, SwapInWrongOrder, ["saved from logical block 0", "wrong order"]),
-    (ch07.check_swap, SwapOutKeepsBlocks, ["after swap_out(0)", "release every block"]),
-    (ch07.check_swap, SwapInKeepsSavedCopy, ["still in cache.swapped", "del self.swapped[seq]"]),
-    (ch07.check_swap, SwapInWithoutKeyError, ["expected KeyError", "not swapped out"]),
-    (ch07.check_parallel_sampling, ForkStartsFromZero, ["num_computed", "child.num_computed = seq.num_computed"]),
-    (ch07.check_parallel_sampling, ForkSharesSeed, ["compared with a solo run with seed 101",
-                                                    "it drew what seed 100 draws", "request.seed + i"]),
-    (ch07.check_parallel_sampling, ForkAliasesTokens, ["the parent's list itself", "list(seq.tokens)"]),
-], ids=by_name)
+@pytest.mark.parametrize("check, bug, words", cases({
+    ch07.check_preempt: {
+        PreemptNeverFrees: ["blocks were never freed", "expected (False,"],
+        RecomputeNotReset: ["num_computed of the victim", "not reset to re-prefill"],
+        ModeFromConfig: ["preemption='auto'", "self.preemption_mode(seq)"],
+    },
+    ch07.check_admit: {
+        AdmitWithoutReserving: ["positions with reserved room", "admission without reserving", "cache.reserve"],
+        AdmitWithoutRoomCheck: ["margin 2 blocks", "expected 0", "margin()"],
+        AdmitCountsCachedTokens: ["first 12 tokens are cached", "len(seq.tokens) - reused"],
+    },
+    ch07.check_choose_victim: {OldestVictim: ["picked id", "oldest request was preempted"]},
+    ch07.check_reserve_or_preempt: {
+        PreemptNeverFrees: ["still holds", "blocks were never freed"],
+        OldestVictim: ["oldest request was preempted"],
+        TrueAfterEvicting: ["returned True; positions with reserved room", "try the reserve again"],
+    },
+    ch07.check_swap: {
+        SwapInWrongOrder: ["saved from logical block 0", "wrong order"],
+        SwapOutKeepsBlocks: ["after swap_out(0)", "release every block"],
+        SwapInKeepsSavedCopy: ["still in cache.swapped", "del self.swapped[seq]"],
+        SwapInWithoutKeyError: ["expected KeyError", "not swapped out"],
+    },
+    ch07.check_parallel_sampling: {
+        ForkStartsFromZero: ["num_computed", "child.num_computed = seq.num_computed"],
+        ForkSharesSeed: ["compared with a solo run with seed 101", "it drew what seed 100 draws",
+                         "request.seed + i"],
+        ForkAliasesTokens: ["the parent's list itself", "list(seq.tokens)"],
+    },
+}), ids=by_name)
 def test_bug_is_caught(check, bug, words):
     fails_with(check, bug, words)
 

@@ -168,6 +168,27 @@ def open_notebook(page, lab, name: str, count: int) -> None:
                            timeout=180_000)
 
 
+def lab_release(lab, chapter):
+    """Copy chapter's committed release into the lab's folder and return it, read."""
+    release = REPO / "notebooks" / f"{chapter.stem}.ipynb"
+    assert release.is_file(), f"{release} is missing: run `make release`"
+    shutil.copy(release, lab["folder"] / release.name)
+    return nbformat.read(release, as_version=4)
+
+
+@contextlib.contextmanager
+def notebook_page(browser, lab, name: str, notebook):
+    """A page of an offline browser with name open in the lab; on leaving, no request left the machine."""
+    context = offline_context(browser, viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        open_notebook(page, lab, name, len(notebook.cells))
+        yield page
+        assert not context.refused, f"the lab reached for the network: {context.refused[:5]}"
+    finally:
+        context.close()
+
+
 def menu(page, top: str, item: str) -> None:
     page.get_by_role("menuitem", name=top, exact=True).click()
     # By its label: a menu item's accessible name also holds its keyboard shortcut.
@@ -262,14 +283,8 @@ def common_checks(name, notebook, states, explored):
 
 @pytest.mark.parametrize("chapter", FULL_RUN, ids=[c.stem for c in FULL_RUN])
 def test_the_release_shows_not_implemented_for_every_exercise(lab, browser, chapter):
-    release = REPO / "notebooks" / f"{chapter.stem}.ipynb"
-    assert release.is_file(), f"{release} is missing: run `make release`"
-    shutil.copy(release, lab["folder"] / release.name)
-    notebook = nbformat.read(release, as_version=4)
-    context = offline_context(browser, viewport={"width": 1400, "height": 1000})
-    try:
-        page = context.new_page()
-        open_notebook(page, lab, f"{chapter.stem}.ipynb", len(notebook.cells))
+    notebook = lab_release(lab, chapter)
+    with notebook_page(browser, lab, f"{chapter.stem}.ipynb", notebook) as page:
         states = run_everything(page, len(notebook.cells))
         explored = check_explorers(page, chapter.stem, f"lab-{chapter.stem}-release")
         screenshot_first_check(page, notebook, f"lab-{chapter.stem}-release.png")
@@ -277,9 +292,6 @@ def test_the_release_shows_not_implemented_for_every_exercise(lab, browser, chap
         missing = [cells.grade_id(notebook.cells[i]) for i in graded_tests(notebook)
                    if NOT_IMPLEMENTED not in states[i]["output"] and UNANSWERED not in states[i]["output"]]
         assert not missing, f"{chapter.stem}: no '{NOT_IMPLEMENTED}' (or '{UNANSWERED}') message under {missing}"
-        assert not context.refused, f"the lab reached for the network: {context.refused[:5]}"
-    finally:
-        context.close()
 
 
 @pytest.mark.parametrize("chapter", FULL_RUN, ids=[c.stem for c in FULL_RUN])
@@ -288,10 +300,7 @@ def test_the_solved_chapter_shows_every_check_mark(lab_static_explorers, browser
     name = f"{chapter.stem}_solved.ipynb"
     notebook = expanded(chapter)
     nbformat.write(notebook, lab["folder"] / name)
-    context = offline_context(browser, viewport={"width": 1400, "height": 1000})
-    try:
-        page = context.new_page()
-        open_notebook(page, lab, name, len(notebook.cells))
+    with notebook_page(browser, lab, name, notebook) as page:
         menu(page, "Run", "Run All Cells")
         states = wait_until_idle(page)
         screenshot_first_check(page, notebook, f"lab-{chapter.stem}-solved.png")
@@ -304,23 +313,14 @@ def test_the_solved_chapter_shows_every_check_mark(lab_static_explorers, browser
         unchecked = [cells.grade_id(notebook.cells[i]) for i in graded_tests(notebook)
                      if not any(line.lstrip().startswith(CHECK_MARK) for line in states[i]["output"].splitlines())]
         assert not unchecked, f"{name}: no ✓ line under {unchecked}"
-        assert not context.refused, f"the lab reached for the network: {context.refused[:5]}"
-    finally:
-        context.close()
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.stem for c in CHAPTERS])
 def test_every_chapter_opens_in_the_lab_and_its_setup_runs(lab, browser, chapter):
     """Every published chapter's release opens in JupyterLab with its kernel, its formulas typeset, and
     its first code cell (the setup) runs cleanly and prints nothing."""
-    release = REPO / "notebooks" / f"{chapter.stem}.ipynb"
-    assert release.is_file(), f"{release} is missing: run `make release`"
-    shutil.copy(release, lab["folder"] / release.name)
-    notebook = nbformat.read(release, as_version=4)
-    context = offline_context(browser, viewport={"width": 1400, "height": 1000})
-    try:
-        page = context.new_page()
-        open_notebook(page, lab, release.name, len(notebook.cells))
+    notebook = lab_release(lab, chapter)
+    with notebook_page(browser, lab, f"{chapter.stem}.ipynb", notebook) as page:
         setup = next(i for i, cell in enumerate(notebook.cells) if cell.cell_type == "code")
         page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(setup) \
             .locator(".jp-InputPrompt").click()
@@ -331,6 +331,3 @@ def test_every_chapter_opens_in_the_lab_and_its_setup_runs(lab, browser, chapter
             f"{chapter.stem}: the setup cell printed {states[setup]['output'][:300]!r}"
         raw = [i for i, s in enumerate(states) if s["rawMath"]]
         assert not raw, f"{chapter.stem}: cells {raw[:5]} show TeX instead of typeset math"
-        assert not context.refused, f"the lab reached for the network: {context.refused[:5]}"
-    finally:
-        context.close()
