@@ -94,8 +94,8 @@ class Setup:
                           f"does not apply to it); {budget}")
         else:
             self.label = (f"MEASURED on CPU, {what}, {dtype}; lengths scaled by {self.scale:g}; {budget}. "
-                          "Decode rows and prompt chunks run as separate unpadded forwards; see --simulate "
-                          "for throughput on a GPU")
+                          "Decode rows run as one forward, prompt chunks in forwards of similar lengths (no "
+                          "row padded to a decode's width); see --simulate for throughput on a GPU")
 
     def engine(self, kind: str, prefix_caching: bool = True) -> Engine:
         """A fresh Engine whose cache spends exactly the budget's bytes the `kind` way."""

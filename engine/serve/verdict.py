@@ -69,7 +69,8 @@ def paper_band(setup: Setup, runs: dict, ratios: dict, workload: dict,
             gained = throughput >= 1
             reasons.insert(0, f"paging holds {concurrency}x as many sequences, so steps are fewer and fuller "
                               f"(paged {paged['steps']} steps against Max's {static['steps']}); on a CPU a "
-                              "step's fixed cost (Python, one forward per decode batch and per prompt chunk) "
+                              "step's fixed cost (Python, one forward for its decodes and one per group of "
+                              "similar prompt chunks) "
                               + ("is shared by more rows, so concurrency becomes tokens/s" if gained else
                                  "did not shrink enough per row to pay for the longer histories it reads"))
         verdict["why"] = (f"{throughput}x is {where} the band, but the band is a GPU figure: this run is "
