@@ -8,6 +8,8 @@ writing outside its folder, reading another student's notebook, opening a socket
 the memory limit, forking without end.
 """
 import csv
+import subprocess
+import sys
 import shutil
 
 import pytest
@@ -85,3 +87,26 @@ def test_a_missing_sandbox_is_said_clearly(monkeypatch):
         monkeypatch.undo()
         sandbox.available.cache_clear()
     assert not usable and "bubblewrap is not installed" in why and "apt-get install bubblewrap" in why
+
+
+def test_a_python_installed_under_tmp_stays_visible_in_the_sandbox(monkeypatch, tmp_path):
+    # The sandbox gives /tmp a fresh tmpfs; a clone or venv in /tmp (a fresh clone in /tmp/course, a
+    # venv built there) must be bound back, or the worker cannot even start Python.
+    sandbox_or_skip()
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip(f"pytest's tmp_path {tmp_path} is not under /tmp")
+    prefix = tmp_path / "venv"
+    (prefix / "lib").mkdir(parents=True)
+    (prefix / "lib" / "marker.txt").write_text("still here")
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / "secret.txt").write_text("no")
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    box = sandbox.Sandbox(tmp_path / "work", hide=[tmp_path / "hidden"])
+    try:
+        run = subprocess.run(box(["cat", str(prefix / "lib" / "marker.txt"), str(tmp_path / "hidden" / "secret.txt")],
+                                 tmp_path / "work"), capture_output=True, text=True, timeout=60)
+    finally:
+        box.close()
+    assert run.stdout.startswith("still here"), f"the prefix under /tmp vanished in the sandbox: {run.stderr}"
+    assert "secret.txt" in run.stderr and "no" not in run.stdout.replace("still here", ""), \
+        "a hidden folder became readable again"

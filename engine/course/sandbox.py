@@ -3,8 +3,9 @@
 `Sandbox(workdir, hide=[...])` is a command-line wrapper for engine.course.kernel.SealedKernel. Inside:
 
 - the whole file system is mounted read-only (the repository and the venv included), /tmp is a fresh
-  empty tmpfs, and every folder in `hide` (the course directory, the submissions, other students'
-  homes, solutions/) is replaced by an empty tmpfs, so no other student's notebook can be read;
+  empty tmpfs (a repository or venv that lives under /tmp is bound back into it, read-only), and every
+  folder in `hide` (the course directory, the submissions, other students' homes, solutions/) is replaced
+  by an empty tmpfs, so no other student's notebook can be read;
 - the one writable place is `workdir`, the submission's own working folder (also HOME and the cwd);
 - no network (a new network namespace with only a loopback that is down), a new PID namespace (other
   processes are invisible, and every process the submission starts dies with it), new IPC/UTS;
@@ -21,6 +22,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -63,6 +65,14 @@ def _pids_cgroup_root() -> Path | None:
     return None
 
 
+def _needed_under_tmp() -> list[Path]:
+    """The repository and the Python installation, where they live under /tmp (outermost only)."""
+    tmp = Path("/tmp").resolve()
+    places = {Path(__file__).resolve().parents[2], Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    inside = sorted(p for p in places if p.is_relative_to(tmp) and p != tmp)
+    return [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside)]
+
+
 def limits_note() -> str:
     """'' when every limit is enforced here, else what is not."""
     return "" if _pids_cgroup_root() else ("no writable pids cgroup here: the number of processes a "
@@ -94,6 +104,8 @@ class Sandbox:
             raise RuntimeError(why)
         box = [shutil.which("bwrap"), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        for path in _needed_under_tmp():  # a clone or venv in /tmp would vanish under the fresh tmpfs
+            box += ["--ro-bind", str(path), str(path)]
         for path in self.hide:  # the working folder may sit inside one: it is bound again below
             box += ["--tmpfs", str(path)]
         box += ["--bind", str(self.workdir), str(self.workdir), "--chdir", str(self.workdir),
