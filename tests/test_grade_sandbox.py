@@ -110,3 +110,15 @@ def test_a_python_installed_under_tmp_stays_visible_in_the_sandbox(monkeypatch, 
     assert run.stdout.startswith("still here"), f"the prefix under /tmp vanished in the sandbox: {run.stderr}"
     assert "secret.txt" in run.stderr and "no" not in run.stdout.replace("still here", ""), \
         "a hidden folder became readable again"
+
+
+def test_a_worker_that_cannot_start_says_why(tmp_path):
+    # A wrapper that breaks Python (as a sandbox hiding the venv does): the message carries what
+    # starting Python that way printed, not only a guess.
+    from engine.course.kernel import SealedKernel
+
+    def broken(argv, cwd):
+        return ["sh", "-c", "echo 'python3: No module named engine' >&2; exit 3"]
+    with pytest.raises(RuntimeError) as raised:
+        SealedKernel({}, cwd=tmp_path, wrap=broken, startup_timeout=5).start()
+    assert "did not start" in str(raised.value) and "exits 3: python3: No module named engine" in str(raised.value)

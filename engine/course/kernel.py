@@ -175,7 +175,20 @@ class SealedKernel:
         self._send(json.dumps(dict(self.plan, key=self.key.hex())))
         ready = self._receive(0, time.monotonic() + self.startup_timeout)
         if ready is None:
-            raise RuntimeError("the sealed grading worker did not start (is the sandbox usable?)")
+            raise RuntimeError(f"the sealed grading worker did not start{self._why_no_start()}")
+
+    def _why_no_start(self) -> str:
+        """What starting Python the same way says, for the message (only run once the worker failed)."""
+        import sys
+        argv = [sys.executable, "-c", "import engine.course.seal"]
+        try:
+            probe = subprocess.run(self.wrap(argv, self.cwd) if self.wrap else argv, cwd=str(self.cwd),
+                                   env=self.env, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f": starting Python the same way failed too ({error})"
+        said = (probe.stderr or probe.stdout).strip()[-600:]
+        return (f": starting Python the same way exits {probe.returncode}: {said}" if probe.returncode
+                else " (Python itself starts the same way: the worker stopped while reading its plan)")
 
     def stop(self) -> None:
         import os
