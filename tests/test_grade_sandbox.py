@@ -119,6 +119,8 @@ def test_a_worker_that_cannot_start_says_why(tmp_path):
 
     def broken(argv, cwd):
         return ["sh", "-c", "echo 'python3: No module named engine' >&2; exit 3"]
+    kernel = SealedKernel({}, cwd=tmp_path, wrap=broken, startup_timeout=5)
     with pytest.raises(RuntimeError) as raised:
-        SealedKernel({}, cwd=tmp_path, wrap=broken, startup_timeout=5).start()
+        kernel.start()
+    assert kernel.process is None, "the failed worker's process and pipes were left behind"
     assert "did not start" in str(raised.value) and "exits 3: python3: No module named engine" in str(raised.value)

@@ -175,6 +175,7 @@ class SealedKernel:
         self._send(json.dumps(dict(self.plan, key=self.key.hex())))
         ready = self._receive(0, time.monotonic() + self.startup_timeout)
         if ready is None:
+            self.stop()   # __exit__ will not run for a failed __enter__: close the pipes here
             raise RuntimeError(f"the sealed grading worker did not start{self._why_no_start()}")
 
     def _why_no_start(self) -> str:
