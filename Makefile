@@ -38,7 +38,7 @@ CHROMIUM_CHECK = $(PY) -c "from engine.course.book import chromium_executable as
 
 test: setup
 	@$(CHROMIUM_CHECK)
-	$(PY) -m pytest -n 2 --dist loadfile -q
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q
 
 # Every cell of every chapter in JupyterLab (make test runs them for chapter 2 only); CI runs this too.
 test-lab: setup

@@ -24,3 +24,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# The files that take minutes (grading runs, the book build, JupyterLab and Chromium) run first, so that
+# `make test`'s two workers (-n 2 --dist loadfile --no-loadscope-reorder) do not end on one long file
+# while the other idles, and the book is built before the browser tests that read it start.
+SLOWEST_FIRST = ["test_course_pipeline.py", "test_lab_notebooks.py", "test_course_book.py", "test_grade_sandbox.py",
+                 "test_grade_tamper.py", "test_grade_exchange.py", "test_course_browser.py"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: place for place, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: the rest keep their order
