@@ -66,7 +66,10 @@ def _pids_cgroup_root() -> Path | None:
 
 
 def _needed_under_tmp() -> list[Path]:
-    """The repository and the Python installation, where they live under /tmp (outermost only)."""
+    """The folder `engine` is imported from and the Python installation, where under /tmp (outermost only).
+
+    The package's folder, not repo_root(): it is what the worker imports, and it exists in an installed copy too.
+    """
     tmp = Path("/tmp").resolve()
     places = {Path(__file__).resolve().parents[2], Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
     inside = sorted(p for p in places if p.is_relative_to(tmp) and p != tmp)
