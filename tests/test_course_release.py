@@ -58,6 +58,32 @@ def test_learner_edition_has_stubs_and_no_answers_hidden_tests_or_pairing(chapte
     assert not [line for line in hidden if line in text.splitlines()]
 
 
+@pytest.mark.parametrize("chapter", real_chapters(), ids=lambda p: p.stem)
+def test_exactly_the_cells_that_fail_on_a_stub_are_tagged_raises_exception(chapter):
+    """Run All goes on past a failing check: every graded test and every "With your code" cell (and no
+    other, so an error in a demo still stops the run) carries JupyterLab's `raises-exception` tag."""
+    learner = nbformat.read(NOTEBOOKS / f"{chapter.stem}.ipynb", as_version=4)
+    tagged = [i for i, cell in enumerate(learner.cells) if cells.RAISES_TAG in cell.metadata.get("tags", [])]
+    tests = [i for i, cell in enumerate(learner.cells) if cells.is_test(cell)]
+    yours = cells.your_code_cells(learner.cells)
+    assert tests and set(tests) <= set(tagged), f"{chapter.stem}: untagged tests {sorted(set(tests) - set(tagged))}"
+    assert tagged == sorted(set(tests) | set(yours))
+    headings = sum(bool(cells.YOUR_CODE_HEADING.search(cell.source)) for cell in learner.cells
+                   if cell.cell_type == "markdown")
+    assert len(yours) == headings, f"{chapter.stem}: a **With your code** heading with no code cell after it"
+
+
+def test_your_code_cells_are_the_code_cells_under_a_with_your_code_paragraph():
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("Cells headed **With your code** run your code."),  # not a paragraph start
+        nbformat.v4.new_code_cell("setup()"),
+        nbformat.v4.new_markdown_cell("Some text.\n\n**With your code: the demo.** Needs Exercise 1."),
+        nbformat.v4.new_code_cell("demo(yours)"),
+        nbformat.v4.new_code_cell("more()"),
+    ])
+    assert cells.your_code_cells(notebook.cells) == [3]
+
+
 def test_release_readme_lists_the_chapters():
     readme = (NOTEBOOKS / "README.md").read_text()
     for chapter in real_chapters():

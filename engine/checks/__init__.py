@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import linecache
 import numbers
 import os
+import sys
+import textwrap
 import traceback
 from typing import Any, Callable, NoReturn
 
@@ -288,3 +291,66 @@ def _show(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_show(v) for v in value) + "]"
     return repr(_plain(value))
+
+
+# --------------------------------------------------------------------------------------------------
+# How a failed check reads in a notebook (IPython only: `make grade` runs checks outside IPython)
+# --------------------------------------------------------------------------------------------------
+
+REPORT_WIDTH = 88  # the course's column limit: a message wraps instead of scrolling sideways
+_RED, _BOLD, _RESET = "\x1b[31m", "\x1b[1m", "\x1b[0m"
+
+
+def report_lines(error: CheckFailed, cell_name: Callable[[str], str | None] = lambda filename: None) -> list[str]:
+    """What a failed check shows: its message wrapped at REPORT_WIDTH, the hint on a line of its own and,
+    when the learner's code crashed (the error's cause, not a stub's NotImplementedError), the crash's
+    frames that are the learner's: `cell_name(filename)` names a notebook cell ("In[7]"), else None."""
+    message, _, hint = str(error).partition(". Hint: ")
+    lines = [f"{_RED}{_BOLD}✗ check failed{_RESET}"] + _wrapped(message) + (_wrapped(f"Hint: {hint}") if hint else [])
+    cause = error.__cause__
+    if cause is None or isinstance(cause, NotImplementedError):
+        return lines
+    frames = [(cell_name(frame.filename), frame) for frame in traceback.extract_tb(cause.__traceback__)]
+    frames = [(cell, frame) for cell, frame in frames if cell]
+    if frames:
+        lines.append("")
+        lines.append("Where your code crashed (innermost last):")
+        for cell, frame in frames:
+            source = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+            lines.append(f"  {cell}, line {frame.lineno}, in {frame.name}")
+            lines += [f"    {part}" for part in _wrapped(source, REPORT_WIDTH - 4)] if source else []
+        lines += _wrapped(f"{type(cause).__name__}: {cause}")
+    return lines
+
+
+def _wrapped(text: str, width: int = REPORT_WIDTH) -> list[str]:
+    """Each line of text wrapped at width (long words, such as a tensor's repr, are kept whole)."""
+    return [part for line in text.splitlines() or [""]
+            for part in textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False) or [""]]
+
+
+def _show_check_failed(shell, etype, value, tb, tb_offset=None) -> list[str]:
+    """IPython's custom handler for CheckFailed: shows report_lines() instead of the traceback through
+    the checking code. The cell still ends in error (IPython records it; the kernel replies "error"),
+    so Run All, nbgrader's executor and grading see a failed test cell as before."""
+    compiler = getattr(shell, "compile", None)
+
+    def cell_name(filename: str) -> str | None:
+        named = compiler.format_code_name(filename) if hasattr(compiler, "format_code_name") else None
+        return f"{named[0]} {named[1]}" if named else None
+
+    stb = report_lines(value, cell_name)
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def _install_report() -> None:
+    """Inside IPython (a notebook's kernel) show failed checks with _show_check_failed. IPython is
+    looked for among the modules already imported, so the grader's plain Python never loads it."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is not None and hasattr(shell, "set_custom_exc"):
+        shell.set_custom_exc((CheckFailed,), _show_check_failed)
+
+
+_install_report()

@@ -1,8 +1,15 @@
-"""What an nbgrader cell is, read from its metadata: solution, graded test, written answer, locked."""
+"""What an nbgrader cell is, read from its metadata: solution, graded test, written answer, locked;
+and the roles the chapters give cells by convention: the setup cell, the "With your code" cells."""
 from __future__ import annotations
+
+import re
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+# A chapter heads each cell that runs the learner's code outside a graded test with a paragraph that
+# starts **With your code** (in the markdown cell just before it); on a stub such a cell raises.
+YOUR_CODE_HEADING = re.compile(r"(?:\A|\n[ \t]*\n)[ \t]*\*\*With your code\b")
+RAISES_TAG = "raises-exception"  # JupyterLab's Run All goes on past an error in a cell tagged so
 
 
 def meta(cell) -> dict:
@@ -38,6 +45,39 @@ def is_manual(cell) -> bool:
 def is_locked(cell) -> bool:
     """A cell the learner may not change; grading restores its source from the chapter."""
     return bool(meta(cell).get("locked")) and not is_solution(cell)
+
+
+def is_setup(cell) -> bool:
+    """The chapter's setup cell (grade id `chNN_setup`): imports and shared objects, folded in the book."""
+    return cell.get("cell_type") == "code" and str(grade_id(cell) or "").endswith("_setup")
+
+
+def your_code_cells(notebook_cells) -> list[int]:
+    """Indices of the code cells that run the learner's code outside a test: the first code cell after
+    each markdown cell holding a **With your code** heading."""
+    found, waiting = [], False
+    for index, cell in enumerate(notebook_cells):
+        if cell.get("cell_type") == "markdown" and YOUR_CODE_HEADING.search(cell.get("source", "")):
+            waiting = True
+        elif cell.get("cell_type") == "code" and waiting:
+            found.append(index)
+            waiting = False
+    return found
+
+
+def fails_on_a_stub(notebook_cells) -> list[int]:
+    """Indices of the cells that stop with an error in an untouched learner edition: every graded test
+    and every "With your code" cell (what the release tags RAISES_TAG)."""
+    yours = set(your_code_cells(notebook_cells))
+    return [i for i, cell in enumerate(notebook_cells) if is_test(cell) or i in yours]
+
+
+def shows_an_answer(notebook_cells) -> list[int]:
+    """Indices of the code cells whose output, computed with the reference solution, gives an answer
+    away: the graded tests (their ✓ lines), the solution cells and the "With your code" cells."""
+    yours = set(your_code_cells(notebook_cells))
+    return [i for i, cell in enumerate(notebook_cells) if cell.get("cell_type") == "code"
+            and (is_test(cell) or is_solution(cell) or i in yours)]
 
 
 def points(cell) -> float:

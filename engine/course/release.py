@@ -2,7 +2,10 @@
 
 nbgrader's own generate_assignment makes the stubs (and drops hidden tests and outputs) in a scratch
 course directory under build/; the result is normalized (sorted keys, no jupytext pairing, stable cell
-ids) so that a fresh release can be compared with the committed one.
+ids) so that a fresh release can be compared with the committed one. Every cell that stops with an
+error until the learner has written the code it needs (the graded tests, the "With your code" cells)
+gets the `raises-exception` tag, so that JupyterLab's Run All goes on past it to the last cell. The tag
+changes nothing in grading: a test cell still earns its points only when it runs without error.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 
+from . import cells
 from .nbgrader_course import run_nbgrader, stage_sources, write_config
 from .paths import assignment_id, chapter_files, chapter_name, repo_root
 
@@ -42,6 +46,7 @@ def release(chapters: list[Path], out_dir: Path, work_dir: Path) -> list[Path]:
     for chapter in chapters:
         name = chapter_name(chapter)
         released = nbformat.read(work_dir / "release" / assignment_id(chapter) / f"{name}.ipynb", as_version=4)
+        tag_cells_that_raise(released)
         target = out_dir / f"{name}.ipynb"
         target.write_text(normalized_json(released))
         written.append(target)
@@ -50,6 +55,15 @@ def release(chapters: list[Path], out_dir: Path, work_dir: Path) -> list[Path]:
     listing = "\n".join(f"- `{path.name}`" for path in written)
     (out_dir / "README.md").write_text(README.format(chapters=listing))
     return written
+
+
+def tag_cells_that_raise(notebook) -> None:
+    """Tag each cell that fails on a stub (cells.fails_on_a_stub) `raises-exception`: JupyterLab then
+    sends it with stop_on_error off, so the cells queued after it still run."""
+    for index in cells.fails_on_a_stub(notebook.cells):
+        tags = notebook.cells[index].metadata.setdefault("tags", [])
+        if cells.RAISES_TAG not in tags:
+            tags.append(cells.RAISES_TAG)
 
 
 def normalized_json(notebook) -> str:
