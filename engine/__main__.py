@@ -1,7 +1,12 @@
-"""`python -m engine COMMAND`: each command lives in its own module, imported only when used."""
-import argparse
+"""`python -m engine COMMAND`: each command lives in its own module, imported only when used.
+
+Every option is checked before any work (engine/cli_args.py): a bad value prints one `error: ...`
+line naming the option, the value and the allowed range, and the command exits with status 2.
+"""
 import importlib
 import sys
+
+from engine.cli_args import Parser
 
 # command -> (module with add_arguments(parser) and main(args), one-line help)
 COMMANDS = {
@@ -17,14 +22,18 @@ COMMANDS = {
 
 
 def main(argv=None) -> int:
+    """Parse, check and run one command; returns its exit status (2: a refused input, one line on stderr)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    parser = Parser(prog="python -m engine", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         if argv[:1] == [name]:             # only the chosen command's module is imported
             importlib.import_module(module_name).add_arguments(command)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:            # --help (0), or an option refused in one 'error:' line (2)
+        return stop.code
     from engine.cache.errors import CacheFull
     from engine.errors import InputError
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -13,6 +14,11 @@ from engine.errors import InputError, MissingFileError
 INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "head_dim", "intermediate_size", "max_position_embeddings")
 FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
+# The dataclass's short names for config.json's fields, for messages.
+HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "num_kv_heads": "num_key_value_heads"}
+# RoPE rotates each query and key in pairs of dimensions (the first half against the second).
+ROPE_NEEDS_EVEN = "rotary position embeddings rotate pairs of dimensions, so head_dim must be even"
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -36,10 +42,19 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                      "head_dim", "intermediate_size"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"config: {name} must be positive, got {getattr(self, name)}")
+                raise InputError(f"config: {HF_NAMES.get(name, name)} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"config: num_attention_heads {self.num_heads} is not a multiple of "
+            raise InputError(f"config: num_attention_heads {self.num_heads} is not a multiple of "
                              f"num_key_value_heads {self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise InputError(f"config: head_dim {self.head_dim} is odd: {ROPE_NEEDS_EVEN}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise InputError(f"config: rope_theta must be a finite number > 0, got {self.rope_theta}")
+        if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps >= 0):
+            raise InputError(f"config: rms_norm_eps must be a finite number >= 0, got {self.rms_norm_eps}")
+        if self.max_position_embeddings < 1:
+            raise InputError(f"config: max_position_embeddings must be positive, got "
+                             f"{self.max_position_embeddings}")
 
     def kv_bytes_per_token(self, dtype: torch.dtype = torch.float16) -> int:
         """Bytes of KV cache one token costs in `dtype` (see the function kv_bytes_per_token)."""
@@ -64,21 +79,24 @@ class ModelConfig:
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         theta = hf.get("rope_theta", rope.get("rope_theta", 10_000.0))
         eos = hf.get("eos_token_id")
-        return cls(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            num_layers=hf["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            intermediate_size=hf["intermediate_size"],
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
-            tie_word_embeddings=hf.get("tie_word_embeddings", False),
-            max_position_embeddings=hf.get("max_position_embeddings", 40_960),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=eos[0] if isinstance(eos, list) else eos,
-        )
+        try:
+            return cls(
+                vocab_size=hf["vocab_size"],
+                hidden_size=hf["hidden_size"],
+                num_layers=hf["num_hidden_layers"],
+                num_heads=heads,
+                num_kv_heads=hf.get("num_key_value_heads") or heads,
+                head_dim=hf.get("head_dim") or (hf["hidden_size"] // heads if heads else 0),
+                intermediate_size=hf["intermediate_size"],
+                rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+                rope_theta=float(theta),
+                tie_word_embeddings=hf.get("tie_word_embeddings", False),
+                max_position_embeddings=hf.get("max_position_embeddings", 40_960),
+                bos_token_id=hf.get("bos_token_id"),
+                eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            )
+        except InputError as exc:         # __post_init__ says "config: ...": name the file instead
+            raise InputError(f"{source}:{str(exc).removeprefix('config:')}") from None
 
     @classmethod
     def from_json(cls, path: str | Path, strict: bool = False) -> "ModelConfig":
@@ -89,6 +107,7 @@ class ModelConfig:
         """
         hf, source = read_config_json(path)
         if strict:
+            check_field_types(hf, source)
             check_supported(hf, source)
         return cls.from_hf(hf, source)
 
@@ -170,6 +189,13 @@ def check_supported(hf: dict, source: str = "config.json") -> None:
     for field in ("attention_bias", "mlp_bias"):
         if hf.get(field):
             refuse(field, hf[field], "the engine's projections have no bias")
+    head_dim, heads, hidden = (hf.get(k) for k in ("head_dim", "num_attention_heads", "hidden_size"))
+    if head_dim:
+        if isinstance(head_dim, int) and head_dim % 2:
+            refuse("head_dim", head_dim, ROPE_NEEDS_EVEN)
+    elif isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and (hidden // heads) % 2:
+        refuse("head_dim", hidden // heads, f"no head_dim is given, so it is hidden_size {hidden} // "
+                                           f"num_attention_heads {heads}, and {ROPE_NEEDS_EVEN}")
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -187,5 +213,5 @@ def known_config(name_or_path: str | Path) -> ModelConfig:
         path = CONFIGS / f"{str(name_or_path).lower().removesuffix('.json')}.json"
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in CONFIGS.glob("*.json")))
-        raise FileNotFoundError(f"no config {str(name_or_path)!r}: give a path or one of {names}")
+        raise MissingFileError(f"no config {str(name_or_path)!r}: give a path or one of {names}")
     return ModelConfig.from_json(path)

@@ -46,14 +46,50 @@ def scratch_logits(model, sequences: Sequence[Sequence[int]]) -> list[torch.Tens
 def cached_step(model, cache, seqs: Sequence[int], new_tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """One forward through `cache`: append new_tokens[b] to sequence seqs[b]; logits [n_b, vocab] each.
 
-    Room is reserved before any compute, so a full cache raises here and changes nothing.
+    Everything is checked, and room reserved, before any compute: bad input (unknown or repeated
+    sequences, an id outside the vocabulary) or a full cache raises here and leaves the cache as it was.
     """
-    for seq, tokens in zip(seqs, new_tokens):
-        cache.reserve(seq, len(tokens))
-    cache.set_batch(list(seqs))
-    token_ids, positions = pack(new_tokens, [cache.length(s) for s in seqs], model_device(model))
+    seqs, new_tokens = list(seqs), [token_list(tokens, f"new_tokens[{b}]") for b, tokens in enumerate(new_tokens)]
+    if len(seqs) != len(new_tokens) or len(set(seqs)) != len(seqs):
+        raise InputError(f"cached_step: give one row of new tokens per distinct sequence, got sequences {seqs} "
+                         f"and {len(new_tokens)} row(s)")
+    for b, tokens in enumerate(new_tokens):
+        check_prompt_ids(tokens, model.config.vocab_size, f"new_tokens[{b}] (sequence {seqs[b]})")
+    starts = [cache.length(s) for s in seqs]           # an unknown sequence raises here, before any change
+    reserved = []
+    try:
+        for seq, tokens in zip(seqs, new_tokens):
+            cache.reserve(seq, len(tokens))
+            reserved.append(seq)
+    except MemoryError:
+        for seq, start in zip(reserved, starts):       # give back what this call reserved
+            if hasattr(cache, "truncate"):
+                cache.truncate(seq, start)
+        raise
+    cache.set_batch(seqs)
+    token_ids, positions = pack(new_tokens, starts, model_device(model))
     logits = model(token_ids, positions, cache)
     return [logits[b, :len(tokens)] for b, tokens in enumerate(new_tokens)]
+
+
+def token_list(prompt, what: str = "prompt") -> list:
+    """A prompt as a list: a sequence of token ids or a 1-D integer tensor (its ids are checked later).
+
+    Text and anything that is not a sequence are refused by name, as is a tensor that is not 1-D or
+    holds something other than integers.
+    """
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype.is_complex \
+                or prompt.dtype == torch.bool:
+            raise InputError(f"{what}: a tensor of token ids must be 1-D and of an integer dtype, got shape "
+                             f"{tuple(prompt.shape)} and {prompt.dtype}")
+        return prompt.tolist()
+    if isinstance(prompt, (str, bytes)):
+        raise InputError(f"{what}: give token ids, not text: encode {prompt[:20]!r} with the tokenizer first")
+    try:
+        return list(prompt)
+    except TypeError:
+        raise InputError(f"{what}: expected a sequence of token ids, got {type(prompt).__name__}") from None
 
 
 @dataclass
@@ -72,6 +108,7 @@ def generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams | S
     params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     if len(params) != len(prompts):
         raise ValueError(f"give one SamplingParams per prompt: {len(prompts)} prompts, {len(params)} params")
+    prompts = [token_list(p, f"prompt {i}") for i, p in enumerate(prompts)]
     empty = [i for i, p in enumerate(prompts) if len(p) == 0]
     if empty:
         raise InputError(f"prompt {empty[0]} is empty: every prompt needs at least one token")
@@ -114,19 +151,24 @@ def generate(model, prompts: Sequence[Sequence[int]], params: SamplingParams | S
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options, each checked by its type before the model loads (engine/cli_args.py)."""
+    from engine import cli_args as check
     parser.epilog = ("Limits: a prompt plus --max-tokens must fit the model's trained context "
                      "(max_position_embeddings in config.json; 4,096 for the tiny model); --max-tokens "
-                     "is at least 1; --temperature >= 0 and --top-p in (0, 1] are finite numbers. "
+                     "is at least 1; --temperature >= 0 and --top-p in (0, 1] are finite numbers; --top-k "
+                     ">= 0; --seed from 0 to 2**63 - 1. "
                      "A bad input prints one 'error: ...' line and exits with status 2.")
     parser.add_argument("--model", default="tiny", help="'tiny' (seeded, no download) or a checkpoint directory")
-    parser.add_argument("--prompt", action="append", required=True,
-                        help="repeat for a batch (bytes that are not UTF-8 are kept as raw bytes)")
-    parser.add_argument("--max-tokens", type=int, default=32,
+    parser.add_argument("--prompt", action="append", required=True, type=check.non_empty,
+                        help="repeat for a batch; not empty (bytes that are not UTF-8 are kept as raw bytes)")
+    parser.add_argument("--max-tokens", type=check.positive_int, default=32,
                         help="new tokens per prompt at most (1 to the context left after the prompt)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (a finite number >= 0)")
-    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0 = all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
-    parser.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
+    parser.add_argument("--temperature", type=check.nonneg_float, default=0.0,
+                        help="0 = greedy (a finite number >= 0)")
+    parser.add_argument("--top-k", type=check.nonneg_int, default=0,
+                        help="sample among the k likeliest tokens (0 = all; a whole number >= 0)")
+    parser.add_argument("--top-p", type=check.fraction, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
+    parser.add_argument("--seed", type=check.seed, default=0, help="prompt i samples with seed + i (0 to 2**63 - 1)")
     parser.add_argument("--cache", choices=["none", "static", "paged", "int8"], default="paged",
                         help="none recomputes from scratch each step; static slots; paged blocks of 16; "
                              "int8: paged blocks of int8 codes with a scale per block and KV head")

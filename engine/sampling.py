@@ -9,6 +9,17 @@ import torch
 from engine.errors import InputError
 
 
+# What torch.Generator.manual_seed takes: a seed that does not fit is refused before anything runs.
+SEED_MIN, SEED_MAX = -2 ** 63, 2 ** 64 - 1
+
+
+def check_seed(seed, what: str = "seed", count: int = 1) -> None:
+    """Refuse a seed that is not an int or whose seeds seed .. seed + count - 1 torch cannot take."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX - (count - 1):
+        top = "2**64 - 1" if count == 1 else f"2**64 - {count} (seed + i for {count} samples)"
+        raise InputError(f"{what} must be an int from -2**63 to {top}, got {seed!r}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request picks tokens. temperature 0 is greedy; a seed makes sampling reproducible."""
@@ -21,15 +32,21 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if not math.isfinite(self.temperature) or not math.isfinite(self.top_p):
-            raise InputError(f"temperature and top_p must be finite numbers, got {self.temperature} "
-                             f"and {self.top_p}")
+        """Refuse, naming the field and its value, what sampling cannot do."""
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InputError(f"SamplingParams: {name} must be a finite number, got {value!r}")
         if self.temperature < 0:
-            raise InputError(f"temperature must be >= 0, got {self.temperature}")
+            raise InputError(f"SamplingParams: temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0 or self.max_tokens < 0:
-            raise InputError(f"top_k and max_tokens must be >= 0, got {self.top_k} and {self.max_tokens}")
+            raise InputError(f"SamplingParams: top_p must be in (0, 1], got {self.top_p}")
+        for name in ("top_k", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InputError(f"SamplingParams: {name} must be an int >= 0, got {value!r}")
+        if self.seed is not None:
+            check_seed(self.seed, "SamplingParams: seed")
 
     def generator(self) -> torch.Generator:
         """A private random stream for this request, so batching never changes its samples."""

@@ -133,7 +133,7 @@ def test_abort_of_an_unknown_request_names_it():
 
 @pytest.mark.parametrize("temperature, top_p", [(float("nan"), 1.0), (float("inf"), 1.0), (0.5, float("nan"))])
 def test_sampling_params_must_be_finite(temperature, top_p):
-    with pytest.raises(InputError, match="must be finite"):
+    with pytest.raises(InputError, match="must be a finite number"):
         SamplingParams(temperature=temperature, top_p=top_p)
 
 
@@ -144,8 +144,8 @@ def run_cli(*args):
 @pytest.mark.parametrize("args, message", [
     (["--prompt", "hi", "--max-tokens", str(10**12), "--cache", "static"], b"past the model's trained context of 4096"),
     (["--prompt", "hi", "--max-tokens", str(10**12), "--cache", "paged"], b"lower --max-tokens to at most 4094"),
-    (["--prompt", "hi", "--max-tokens", "0"], b"--max-tokens must be at least 1"),
-    (["--prompt", "hi", "--temperature", "nan"], b"must be finite numbers"),
+    (["--prompt", "hi", "--max-tokens", "0"], b"argument --max-tokens: 0 is not a whole number >= 1"),
+    (["--prompt", "hi", "--temperature", "nan"], b"argument --temperature: nan is not a finite number >= 0"),
     (["--prompt", "hi", "--model", "/no/such/checkpoint"], b"no config.json at /no/such/checkpoint"),
 ])
 def test_the_cli_prints_one_error_line_and_exits_2(args, message):

@@ -24,6 +24,7 @@ import torch
 from engine.attention.reference import attention as reference_attention
 from engine.cache.paged import PagedKVCache, SwappedSequence
 from engine.cache.slots import blocks_needed, slot_mapping
+from engine.errors import InputError
 
 QMAX = 127                    # symmetric int8: codes in [-127, 127], so -x is always representable
 SCALE_FLOOR = 1e-12           # the scale of an all-zero block: any positive number reads back 0
@@ -56,6 +57,9 @@ class QuantizedPagedKVCache(PagedKVCache):
                  device="cpu", allocator=None, attention: str = "auto"):
         """int8 pools plus scales; `dtype` is what reads return. Attention always reads dequantized
         blocks (the Triton kernels of chapter 6 read fp pools), so attention is 'auto' or 'reference'."""
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise InputError(f"QuantizedPagedKVCache: dtype is what reads return (codes times scales), so it "
+                             f"must be a floating dtype such as torch.float32, got {dtype!r}")
         if attention not in ("auto", "reference"):
             raise ValueError(f"an int8 cache attends over dequantized blocks: attention must be 'auto' "
                              f"or 'reference', got {attention!r}")

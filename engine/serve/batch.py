@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.errors import InputError
 from engine.serve.request import Sequence
 
 
@@ -19,14 +20,19 @@ class SchedulerConfig:
     swap_space_tokens: int = 1 << 20  # host memory for swapped KV, in tokens
 
     def __post_init__(self):
-        """Reject settings that could never schedule anything, naming them."""
+        """Reject settings that could never schedule anything (or would schedule nonsense), naming them."""
         if self.preemption not in ("recompute", "swap", "auto"):
-            raise ValueError(f"preemption must be 'recompute', 'swap' or 'auto', got {self.preemption!r}")
-        if self.max_num_seqs < 1 or self.max_batched_tokens < 1 or self.margin_blocks < 0 \
-                or not 0 <= self.watermark < 1:
-            raise ValueError(f"need max_num_seqs >= 1, max_batched_tokens >= 1, margin_blocks >= 0 and "
-                             f"0 <= watermark < 1; got {self.max_num_seqs}, {self.max_batched_tokens}, "
-                             f"{self.margin_blocks}, {self.watermark}")
+            raise InputError(f"SchedulerConfig: preemption must be 'recompute', 'swap' or 'auto', "
+                             f"got {self.preemption!r}")
+        for name, least in (("max_num_seqs", 1), ("max_batched_tokens", 1), ("margin_blocks", 0),
+                            ("swap_min_tokens", 0), ("swap_space_tokens", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise InputError(f"SchedulerConfig: {name} must be an int >= {least}, got {value!r}")
+        watermark = self.watermark
+        if isinstance(watermark, bool) or not isinstance(watermark, (int, float)) or not 0 <= watermark < 1:
+            raise InputError(f"SchedulerConfig: watermark must be a fraction of the pool in [0, 1), "
+                             f"got {watermark!r}")
 
 
 @dataclass

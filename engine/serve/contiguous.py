@@ -45,8 +45,13 @@ class ContiguousKVCache:
 
     @property
     def max_request_tokens(self) -> int:
-        """The longest sequence a region could ever hold."""
-        return self.max_len if self.policy == "max" else min(self.pool_tokens, self.max_len)
+        """The most KV positions one sequence could ever write, so that a request past it is refused on
+        arrival instead of waiting forever. A region is sized for the final length, one more than the
+        positions written (the last sampled token is never stored), and it must fit in the pool."""
+        if self.policy == "max":
+            return self.max_len if self.max_len <= self.pool_tokens else 0
+        largest = self.pool_tokens if self.policy == "oracle" else 1 << (self.pool_tokens.bit_length() - 1)
+        return min(self.max_len, largest - 1)
 
     def region_size(self, max_length: int) -> int:
         """How many slots the policy reserves for a sequence that will reach `max_length` tokens."""

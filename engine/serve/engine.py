@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from typing import Iterable
 
@@ -19,9 +20,9 @@ import torch
 
 from engine.cache.protocol import PagedCache, implements
 from engine.errors import InputError
-from engine.generate import model_device, pack
+from engine.generate import model_device, pack, token_list
 from engine.model import check_prompt_ids
-from engine.sampling import SamplingParams, sample
+from engine.sampling import SamplingParams, check_seed, sample
 from engine.serve.metrics import Metrics
 from engine.serve.request import Request, Sequence, Status, make_generator
 from engine.serve.scheduler import Chunk, Scheduler, SchedulerConfig
@@ -127,13 +128,24 @@ class Engine:
         """
         params = params or SamplingParams()
         request_id = next(self._request_ids) if request_id is None else request_id
-        if not prompt or n < 1 or request_id in self.requests:
-            raise ValueError(f"request {request_id}: need a non-empty prompt, n >= 1 and a new id "
-                             f"(got {len(prompt)} prompt tokens, n={n})")
-        if self.vocab_size is not None:
-            check_prompt_ids(list(prompt), self.vocab_size, f"request {request_id}")
-        self.scheduler.check_fits(request_id, len(prompt), params.max_tokens)
+        what = f"request {request_id}"
+        prompt = token_list(prompt, what)             # a list or a 1-D integer tensor of ids
+        if not isinstance(params, SamplingParams):
+            raise InputError(f"{what}: params must be a SamplingParams, got {type(params).__name__}")
+        if not prompt:
+            raise InputError(f"{what}: the prompt is empty: give at least one token id")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InputError(f"{what}: n (samples) must be an int >= 1, got {n!r}")
+        if request_id in self.requests:
+            raise InputError(f"{what}: this request_id is taken: give a new one")
+        if arrival is not None and not (isinstance(arrival, (int, float)) and 0 <= arrival < math.inf):
+            raise InputError(f"{what}: arrival must be a finite number of engine-clock seconds >= 0, "
+                             f"got {arrival!r}")
         seed = seed if seed is not None else (params.seed if params.seed is not None else 0)
+        check_seed(seed, f"{what}: seed", n)
+        if self.vocab_size is not None:
+            check_prompt_ids(prompt, self.vocab_size, what)
+        self.scheduler.check_fits(request_id, len(prompt), params.max_tokens)   # every check before any change
         later = arrival is not None and arrival > self.now
         request = Request(request_id, list(prompt), params, seed, n,
                           arrival=self.now if arrival is None else arrival)
@@ -156,7 +168,8 @@ class Engine:
             self.scheduler.add(heapq.heappop(self.upcoming)[2])
 
     def abort(self, request_id: int) -> None:
-        """Stop a request wherever it is; its blocks are freed at once."""
+        """Stop a request wherever it is; its blocks are freed at once and it is finished from then on
+        (also a request for n samples whose prompt never ran, so it never split into them)."""
         if request_id not in self.requests:
             known = sorted(self.requests)
             listed = ", ".join(map(str, known[:10])) + (", ..." if len(known) > 10 else "")
@@ -164,7 +177,9 @@ class Engine:
         # not arrived yet: it never reaches the scheduler
         self.upcoming = [entry for entry in self.upcoming if entry[2].request.request_id != request_id]
         heapq.heapify(self.upcoming)
-        for seq in self.requests[request_id].sequences:
+        request = self.requests[request_id]
+        request.aborted = request.aborted or not request.finished    # finished from now on, forked or not
+        for seq in request.sequences:
             if seq.status is not Status.FINISHED:
                 self.scheduler.finish(seq, "aborted")
 
@@ -174,7 +189,13 @@ class Engine:
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """Schedule, run one forward, sample, retire. Returns the sequences that finished."""
+        """Schedule, run one forward, sample, retire. Returns the sequences that finished.
+
+        An idle engine (nothing waiting, running, swapped or yet to arrive) has no work: the step
+        returns [] and changes nothing.
+        """
+        if not self.has_unfinished():
+            return []
         self._arrive()
         started = time.perf_counter()
         chunks = self.scheduler.schedule()

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.errors import InputError
+
 
 class Status(enum.Enum):
     """Where a sequence is in its life. Only RUNNING sequences hold KV memory on the device."""
@@ -22,7 +24,7 @@ class Status(enum.Enum):
     FINISHED = "finished"      # done (length, eos, aborted); its blocks are already freed
 
 
-class RequestTooLarge(ValueError):
+class RequestTooLarge(InputError):
     """A request that could not run even with the whole KV pool to itself; rejected on arrival."""
 
     def __init__(self, request_id: int, tokens: int, capacity: int, what: str):
@@ -43,11 +45,13 @@ class Request:
     n: int = 1                          # parallel samples sharing one prefill
     arrival: float = 0.0                # engine clock at add_request
     sequences: list["Sequence"] = field(default_factory=list)
+    aborted: bool = False               # Engine.abort: finished, whatever samples it never forked
 
     @property
     def finished(self) -> bool:
-        """True once every sample of the request has finished (at once when no token was asked for)."""
-        if self.params.max_tokens == 0:
+        """True once every sample of the request has finished (at once when no token was asked for,
+        and once aborted, even before its prompt ran and split it into its n samples)."""
+        if self.params.max_tokens == 0 or self.aborted:
             return True
         return len(self.sequences) == self.n and all(s.status is Status.FINISHED for s in self.sequences)
 
