@@ -141,6 +141,13 @@ class AlwaysHoldsOneBack(PrefixCache):
         return reused
 
 
+# Caps the tokens it returns, but sets the length to every cached token: nothing left to prefill.
+AttachLengthUncapped = mutant(PrefixCache, "attach", """
+-    self.cache.set_length(seq, reused)
++    self.cache.set_length(seq, len(blocks) * self.cache.block_size)
+""", name="AttachLengthUncapped")
+
+
 # Takes back a hit on every detach, also after an attach that reused nothing.
 DetachTakesAHitBack = mutant(PrefixCache, "detach", """
 -    self.hits -= reused > 0
@@ -179,6 +186,11 @@ RemembersUncomputed = mutant(PrefixCache, "remember", """
 -    computed = tokens[:self.cache.length(seq)]
 +    computed = tokens[:len(table) * self.cache.block_size]
 """, name="RemembersUncomputed")
+# Chains over the whole prompt: after a first prefill chunk the table has fewer blocks than that.
+RemembersAllTokens = mutant(PrefixCache, "remember", """
+-    computed = tokens[:self.cache.length(seq)]
++    computed = tokens
+""", name="RemembersAllTokens")
 # Publishes a block under a new key although it is already published under another.
 RepublishesABlock = mutant(PrefixCache, "remember", """
 -            if table[index] in self.block_keys:
@@ -226,6 +238,20 @@ ParentToTheBack = mutant(PrefixCache, "forget", """
 -        self.refresh(parent, front=True)
 +        self.refresh(parent)
 """, name="ParentToTheBack")
+# Removes the entry from the line although evict has popped it already: KeyError.
+ForgetDeletesFromTheLine = mutant(PrefixCache, "forget", """
+-    self.lru.pop(entry.key, None)
++    del self.lru[entry.key]
+""", name="ForgetDeletesFromTheLine")
+ForgetPopsWithoutDefault = mutant(PrefixCache, "forget", """
+-    self.lru.pop(entry.key, None)
++    self.lru.pop(entry.key)
+""", name="ForgetPopsWithoutDefault")
+# Takes entry.parent, a key, for the parent entry itself.
+ForgetParentAsEntry = mutant(PrefixCache, "forget", """
+-        parent = self.entries[entry.parent]
++        parent = entry.parent
+""", name="ForgetParentAsEntry")
 ForgetKeepsTheOldKey = mutant(PrefixCache, "forget", """
 -    del self.entries[entry.key], self.block_keys[entry.block]
 +    del self.entries[entry.key]
@@ -251,12 +277,16 @@ ForgetKeepsTheOldKey = mutant(PrefixCache, "forget", """
         DetachTakesAHitBack: ["reused nothing", "a hit only if that attach reused"],
         EmptyPromptAccepted: ["attach(9, [])", "ValueError to be raised"],
         DetachKeepsTheCount: ["that detach undid", "admission that was then undone"],
+        AttachLengthUncapped: ["cache.length(4)", "expected 7, got 8", "set_length(seq, reused)",
+                               "len(prompt) - 1"],
     },
     ch05.check_remember: {
         RemembersPartialBlock: ["partial third block", "partial block got a key"],
         RemembersUncomputed: ["first prefill chunk", "expected 1, got 2", "only blocks whose K/V has been computed"],
         RepublishesABlock: ["under another salt", "expected 0, got 2", "one block, one entry"],
         RememberOverwrites: ["every block collides", "never overwrite"],
+        RemembersAllTokens: ["first prefill chunk", "crashed with IndexError", "table only 2",
+                             "tokens[:self.cache.length(seq)]"],
     },
     ch05.check_evict: {
         EvictsNewestFirst: ["evicted one by one", "not least recently used first"],
@@ -268,6 +298,9 @@ ForgetKeepsTheOldKey = mutant(PrefixCache, "forget", """
         ForgetDoesNotRelease: ["blocks freed in the pool", "release the cache's own reference"],
         ParentToTheBack: ["expected [g2, g1, h1], got [g2, h1, g1]", "to the FRONT of the line"],
         ForgetKeepsTheOldKey: ["still has entries", "block_keys"],
+        ForgetDeletesFromTheLine: ["KeyError", "already taken out of self.lru", "self.lru.pop(entry.key, None)"],
+        ForgetPopsWithoutDefault: ["KeyError", "taken out of self.lru twice"],
+        ForgetParentAsEntry: ["has no attribute 'children'", "self.entries[entry.parent]"],
     },
 }), ids=by_name)
 def test_bug_is_caught(check, bug, words):
@@ -277,3 +310,16 @@ def test_bug_is_caught(check, bug, words):
 def test_a_key_of_the_blocks_own_tokens_is_caught_in_the_engine():
     fails_with(lambda _: in_engine(keys=OwnTokensLoud), None, ["differ from a from-scratch run",
                                                                 "different histories share"])
+
+
+@pytest.mark.parametrize("pieces, words", [
+    (dict(attach=NothingLeftToPrefill), ["check_attach fails on your pieces too", "expected 7, got 8",
+                                         "nothing to prefill", "len(prompt) - 1"]),
+    (dict(attach=AttachLengthUncapped), ["check_attach fails on your pieces too", "cache.length(4)",
+                                         "nothing to prefill"]),
+    (dict(evict=ForgetDeletesFromTheLine), ["check_evict fails on your pieces too", "self.lru twice"]),
+], ids=lambda value: next(iter(value.values())).__name__ if isinstance(value, dict) else "")
+def test_a_piece_that_breaks_the_engine_is_named_by_the_milestone(pieces, words):
+    """The milestone names the piece check that explains a crash, not the engine function that crashed."""
+    message = fails_with(lambda _: in_engine(**pieces), None, words)
+    assert "PagedKVCache.create" not in message

@@ -10,13 +10,16 @@ with a from-scratch run.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import random
+import traceback
 
 import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
-from engine.checks import (ATOL, check, compare_logits, expect_equal, expect_raises, fail, passed,
+from engine.checks import (ATOL, CheckFailed, check, compare_logits, expect_equal, expect_raises, fail, passed,
                            review_choice, review_number, tiny)
 from engine.demos.prefix import run as run_prefix_demo
 from engine.generate import cached_step, scratch_logits
@@ -47,6 +50,13 @@ PARENT_FIRST = ("a parent was evicted before its leaf: an entry with cached chil
                 "chain and must stay until its children are gone")
 NOT_LRU = ("eviction is not least recently used first: the line `self.lru` has the next victim at "
            "its front; popitem(last=False) takes it")
+UNCOMPUTED = ("only blocks whose K/V has been computed may be published: chain over "
+              "tokens[:self.cache.length(seq)], not over the whole prompt")
+DOUBLE_REMOVAL = ("the entry was taken out of self.lru twice: evict already pops it "
+                  "(self.lru.popitem(last=False)) before calling forget, so forget must remove it only if "
+                  "it is still there: self.lru.pop(entry.key, None)")
+PARENT_KEY = ("entry.parent is the parent's key (an int, or None for a first block), not an Entry: "
+              "the parent entry is self.entries[entry.parent]")
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
@@ -226,6 +236,9 @@ def check_attach(cls) -> None:
     if got != 2 * BS - 1:
         fail(f"attach of a {2 * BS}-token prompt whose {2} blocks are both cached: tokens reused",
              2 * BS - 1, got, NO_PREFILL if got == 2 * BS else "reuse all but the last prompt token")
+    expect_equal(cache.length(4), 2 * BS - 1, "after attach of a fully cached prompt: cache.length(4)",
+                 f"{NO_PREFILL}: set the length to the capped count too, "
+                 "self.cache.set_length(seq, reused) with reused = min(blocks x block_size, len(prompt) - 1)")
     expect_equal(cache.tables[4], blocks, "after attach of a fully cached prompt: its table",
                  "both blocks are attached; the last is copied on write when its last token is prefilled")
     want = {"queries": 5, "hits": 3, "tokens_saved": 3 * BS + 2 * BS - 1}
@@ -310,10 +323,13 @@ def check_remember(cls) -> None:
     long = seeded_tokens(3 * BS, 17)
     prefix.attach(1, long)
     cached_step(tiny(), cache, [1], [long[:BS + 1]])
-    got = prefix.remember(1, long)
-    expect_equal(got, 1, f"remember after a first prefill chunk of {BS + 1} of {3 * BS} tokens: blocks "
-                 "published", "only blocks whose K/V has been computed: chain over "
-                 "tokens[:cache.length(seq)], not over the whole prompt")
+    what = f"remember after a first prefill chunk of {BS + 1} of {3 * BS} tokens"
+    try:
+        got = prefix.remember(1, long)
+    except IndexError as error:
+        fail(f"{what} crashed with IndexError ({error}): the prompt has 3 full blocks, the sequence's "
+             f"table only {len(cache.tables[1])} so far", hint=UNCOMPUTED)
+    expect_equal(got, 1, f"{what}: blocks published", UNCOMPUTED)
     cached_step(tiny(), cache, [1], [long[BS + 1:]])
     expect_equal(prefix.remember(1, long), 2, "remember after the rest of the prompt: blocks published")
     # The published blocks serve a later request, after their sequence is gone.
@@ -348,12 +364,30 @@ def _eviction_setup(cls):
     return prefix, (e1, e2, e3, f2)
 
 
+def _evict(prefix, blocks_wanted: int) -> int:
+    """prefix.evict(blocks_wanted), with the two crashes of a slip in forget named."""
+    try:
+        return prefix.evict(blocks_wanted)
+    except KeyError as error:
+        key = error.args[0] if error.args else None
+        line = (traceback.extract_tb(error.__traceback__)[-1].line or "").strip()
+        if "lru" in line or (key in prefix.entries and key not in prefix.lru):
+            fail(f"evict({blocks_wanted}) crashed with KeyError: {key}, the key of an entry that "
+                 "evict had already taken out of self.lru" + (f" (in `{line}`)" if line else ""),
+                 hint=DOUBLE_REMOVAL)
+        raise
+    except AttributeError as error:
+        if "children" in str(error) and "'int'" in str(error):
+            fail(f"evict({blocks_wanted}) crashed with AttributeError: {error}", hint=PARENT_KEY)
+        raise
+
+
 def _evict_one_by_one(prefix) -> list[int]:
     order = []
     for _ in range(len(prefix.entries) + 1):
         before = {entry.block for entry in prefix.entries.values()}
         free = prefix.cache.allocator.num_free
-        freed = prefix.evict(free + 1)
+        freed = _evict(prefix, free + 1)
         gone = before - {entry.block for entry in prefix.entries.values()}
         if gone and prefix.cache.allocator.num_free - free != len(gone):
             fail(f"evict({free + 1}) with {free} blocks free: blocks freed in the pool against entries "
@@ -381,14 +415,14 @@ def check_evict(cls) -> None:
         if prefix.evictable(prefix.entries[prefix.block_keys[block]]):
             fail(f"evictable({name}) while sequences still hold its block (refcount "
                  f"{cache.allocator.refcount(block)})", False, True, IN_USE)
-    got = prefix.evict(cache.num_blocks)
+    got = _evict(prefix, cache.num_blocks)
     if got:
         taken = [names.get(b, b) for b in names if b not in prefix.block_keys]
         fail("evict(all blocks) while every cached block is held by a sequence: blocks evicted", 0, got,
              f"{IN_USE} (evicted: {taken})")
     for seq in (0, 1):
         cache.free(seq)                                # f2 is released first, then nothing else
-    expect_equal(prefix.evict(cache.allocator.num_free), 0, "evict(n) when n blocks are already free",
+    expect_equal(_evict(prefix, cache.allocator.num_free), 0, "evict(n) when n blocks are already free",
                  "stop as soon as the pool has blocks_wanted free blocks")
     cache.free(2)                                      # now e3 too; e1 and e2 still have children
     if prefix.evictable(prefix.entries[prefix.block_keys[e2]]):
@@ -428,7 +462,7 @@ def check_evict(cls) -> None:
         _serve(again, seq, prompt)
         again.cache.free(seq)
     free = again.cache.allocator.num_free
-    expect_equal(again.evict(free + 3), 3, f"evict({free + 3}) with {free} blocks free and 3 cached blocks "
+    expect_equal(_evict(again, free + 3), 3, f"evict({free + 3}) with {free} blocks free and 3 cached blocks "
                  "nobody holds: blocks evicted", "keep taking the front of the line while fewer than "
                  "blocks_wanted blocks are free (a while loop, not one eviction per call)")
     if order != ["g2", "g1", "h1"]:
@@ -446,7 +480,7 @@ def check_evict(cls) -> None:
     old = seeded_tokens(BS + 1, 21)
     _serve(prefix, 0, old)
     cache.free(0)
-    expect_equal(prefix.evict(4), 1, "evict(4) on a pool of 4 with one cached block: blocks evicted")
+    expect_equal(_evict(prefix, 4), 1, "evict(4) on a pool of 4 with one cached block: blocks evicted")
     cache.create(1)
     cache.reserve(1, 4 * BS)
     cached_step(tiny(), cache, [1], [seeded_tokens(4 * BS, 22)])     # overwrites the evicted block
@@ -466,22 +500,24 @@ def prefix_demo(cls) -> dict:
     return run_prefix_demo(prefix_class=cls)
 
 
-@check
-def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int = BS, seed: int = 0) -> None:
-    """Your four pieces as one PrefixCache, plugged into the engine's scheduler over its PagedKVCache:
-    the seed's demo reproduces, and every request served from cached blocks, then decoded for 20 steps
-    under memory pressure, has exactly the logits of a from-scratch run."""
-    cls = combine(keys, attach, remember, evict)
-    demo = prefix_demo(cls)
-    got = {k: demo[k] for k in ("prompt_tokens", "tokens_prefilled", "blocks_in_use", "blocks_without_sharing")}
-    expect_equal(got, {"prompt_tokens": 832, "tokens_prefilled": 160, "blocks_in_use": 14,
-                       "blocks_without_sharing": 56},
-                 "the demo: 8 requests sharing a 96-token system prompt plus 8 tokens each, blocks of 16",
-                 "the first request prefills 104 tokens, each later one only its own 8; the 6 shared "
-                 "blocks are stored once, plus one block of its own per request")
-    if demo["max_abs_diff_vs_cold_prefill"] > ATOL:
-        fail(f"the demo's logits differ from cold prefills (max |Δ| {demo['max_abs_diff_vs_cold_prefill']:.3g})",
-             hint=LOUD)
+def _diagnose_pieces(cls) -> str | None:
+    """What the first piece check that fails on the combined class (run quietly) says, or None. A check
+    that fails with a message is preferred to one that crashes (a crash may be another piece's bug)."""
+    crashed = None
+    for probe in (check_chain, check_matches, check_attach, check_remember, check_evict):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                probe.__wrapped__(cls)
+        except CheckFailed as failure:
+            return f"{probe.__name__} fails on your pieces too: " + str(failure).replace(". Hint: ", "; its hint: ")
+        except Exception as error:  # a crash in the probe: reported plainly if nothing says more
+            crashed = crashed or f"{probe.__name__} crashes on your pieces too, with {type(error).__name__}: {error}"
+    return crashed
+
+
+def _milestone_run(cls, block_size: int, seed: int):
+    """The milestone's two waves through the engine's scheduler with cls as its prefix cache.
+    Returns (engine, prefix, served requests); nothing is compared yet."""
     bs = block_size
     rng = random.Random(seed)
     system = seeded_tokens(2 * bs + 1, seed=30 + seed)
@@ -500,7 +536,42 @@ def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int 
     served = []
     for wave in (first, second):
         served += engine.generate(wave, params)
-    stats = prefix.stats()
+    return engine, prefix, served
+
+
+def _crash_named(cls, action, what: str):
+    """action(), where a crash in the engine is reported with the piece check that explains it."""
+    try:
+        return action()
+    except (CheckFailed, NotImplementedError):
+        raise
+    except Exception as error:
+        why = _diagnose_pieces(cls)
+        if why is None:
+            raise
+        fail(f"{what} crashed with {type(error).__name__}: {error}", hint=why)
+
+
+@check
+def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int = BS, seed: int = 0) -> None:
+    """Your four pieces as one PrefixCache, plugged into the engine's scheduler over its PagedKVCache:
+    the seed's demo reproduces, and every request served from cached blocks, then decoded for 20 steps
+    under memory pressure, has exactly the logits of a from-scratch run."""
+    cls = combine(keys, attach, remember, evict)
+    demo = _crash_named(cls, lambda: prefix_demo(cls), "the demo through your prefix cache")
+    got = {k: demo[k] for k in ("prompt_tokens", "tokens_prefilled", "blocks_in_use", "blocks_without_sharing")}
+    want = {"prompt_tokens": 832, "tokens_prefilled": 160, "blocks_in_use": 14, "blocks_without_sharing": 56}
+    if got != want:
+        expect_equal(got, want, "the demo: 8 requests sharing a 96-token system prompt plus 8 tokens each, "
+                     "blocks of 16", _diagnose_pieces(cls) or "the first request prefills 104 tokens, each "
+                     "later one only its own 8; the 6 shared blocks are stored once, plus one block of its "
+                     "own per request")
+    if demo["max_abs_diff_vs_cold_prefill"] > ATOL:
+        fail(f"the demo's logits differ from cold prefills (max |Δ| {demo['max_abs_diff_vs_cold_prefill']:.3g})",
+             hint=_diagnose_keys(cls) or _diagnose_pieces(cls) or LOUD)
+    engine, prefix, served = _crash_named(cls, lambda: _milestone_run(cls, block_size, seed),
+                                          "serving two waves of requests through your prefix cache")
+    cache, stats = engine.cache, prefix.stats()
     if stats["tokens_saved"] == 0:
         fail("served the same prompts twice through the engine: no tokens were reused",
              hint="attach must reuse the blocks that remember published")
@@ -508,11 +579,13 @@ def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int 
         [seq] = request.sequences
         prompt, out = request.prompt, seq.output
         want = scratch_logits(tiny(), [prompt + out[:-1]])[0][len(prompt) - 1:]
-        compare_logits(torch.stack(seq.logits), want,
-                       f"request {request.request_id} (prompt of {len(prompt)} tokens, {len(out)} generated)",
-                       first_position=len(prompt) - 1,
-                       hint=_diagnose_keys(cls) or "a cached block must hold exactly the K/V of the "
-                       "tokens (and the history) its key names")
+        what = f"request {request.request_id} (prompt of {len(prompt)} tokens, {len(out)} generated)"
+        try:
+            compare_logits(torch.stack(seq.logits), want, what, first_position=len(prompt) - 1)
+        except CheckFailed:
+            compare_logits(torch.stack(seq.logits), want, what, first_position=len(prompt) - 1,
+                           hint=_diagnose_keys(cls) or _diagnose_pieces(cls) or "a cached block must hold "
+                           "exactly the K/V of the tokens (and the history) its key names")
     expect_equal(stats["queries"], engine.scheduler.prefix_stats["queries"],
                  "stats()['queries'] against the admissions the scheduler kept", UNDONE)
     expect_equal(cache.allocator.num_free + len(prefix.entries), cache.num_blocks,
@@ -520,7 +593,7 @@ def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int 
                  "every block is either free or held by the cache alone")
     passed(f"your prefix cache in the engine: the demo gives {demo['tokens_prefilled']} of "
            f"{demo['prompt_tokens']} tokens prefilled and {demo['blocks_in_use']} blocks "
-           f"({demo['blocks_without_sharing']} without sharing); {len(served)} requests (bs {bs}), "
+           f"({demo['blocks_without_sharing']} without sharing); {len(served)} requests (bs {block_size}), "
            f"{stats['tokens_saved']} prompt tokens reused, "
            f"{sum(engine.scheduler.preemptions.values())} preemptions, every logit within {ATOL:g} of from scratch")
 
