@@ -110,6 +110,21 @@ OldestVictim = mutant(Scheduler, "choose_victim", """
 -    return next(s for s in reversed(self.running) if s.seq_id not in scheduled)
 +    return next(s for s in self.running if s.seq_id not in scheduled)
 """, name="OldestVictim")
+# Chooses the largest id instead of the last admitted (ids and admission order part after a preemption).
+VictimById = mutant(Scheduler, "choose_victim", """
+-    return next(s for s in reversed(self.running) if s.seq_id not in scheduled)
++    return max((s for s in self.running if s.seq_id not in scheduled), key=lambda s: s.seq_id)
+""", name="VictimById")
+# Restores the blocks and the table but never the length.
+SwapInForgetsLength = mutant(PagedKVCache, "swap_in", """
+-    self.tables[seq], self.lengths[seq] = blocks, saved.length
++    self.tables[seq] = blocks
+""", name="SwapInForgetsLength")
+# Restores the length as the capacity of the new blocks.
+SwapInLengthIsCapacity = mutant(PagedKVCache, "swap_in", """
+-    self.tables[seq], self.lengths[seq] = blocks, saved.length
++    self.tables[seq], self.lengths[seq] = blocks, len(blocks) * self.block_size
+""", name="SwapInLengthIsCapacity")
 # Restores the saved blocks into the new blocks, then lists the new blocks backwards.
 SwapInWrongOrder = mutant(PagedKVCache, "swap_in", """
 -    self.tables[seq], self.lengths[seq] = blocks, saved.length
@@ -155,7 +170,8 @@ ForkAliasesTokens = mutant(Scheduler, "fork_samples", """
         AdmitWithoutRoomCheck: ["margin 2 blocks", "expected 0", "margin()"],
         AdmitCountsCachedTokens: ["first 12 tokens are cached", "len(seq.tokens) - reused"],
     },
-    ch07.check_choose_victim: {OldestVictim: ["picked id", "oldest request was preempted"]},
+    ch07.check_choose_victim: {OldestVictim: ["picked id", "oldest request was preempted"],
+                               VictimById: ["admission order", "expected 1, got 4", "largest seq_id"]},
     ch07.check_reserve_or_preempt: {
         PreemptNeverFrees: ["still holds", "blocks were never freed"],
         OldestVictim: ["oldest request was preempted"],
@@ -166,6 +182,8 @@ ForkAliasesTokens = mutant(Scheduler, "fork_samples", """
         SwapOutKeepsBlocks: ["after swap_out(0)", "release every block"],
         SwapInKeepsSavedCopy: ["still in cache.swapped", "del self.swapped[seq]"],
         SwapInWithoutKeyError: ["expected KeyError", "not swapped out"],
+        SwapInForgetsLength: ["self.lengths[0]", "has no length", "self.lengths[seq] = saved.length"],
+        SwapInLengthIsCapacity: ["self.lengths[0]", "expected 11, got 12", "capacity of its blocks"],
     },
     ch07.check_parallel_sampling: {
         ForkStartsFromZero: ["num_computed", "child.num_computed = seq.num_computed"],
@@ -182,9 +200,14 @@ def test_bug_is_caught(check, bug, words):
     (PreemptNeverFrees, PagedKVCache, ["blocks were never freed"]),
     (AdmitWithoutReserving, PagedKVCache, ["admission without reserving", "out of blocks mid-step"]),
     (Scheduler, SwapInWrongOrder, ["from-scratch run", "wrong order"]),
+    (Scheduler, SwapInForgetsLength, ["crashed with KeyError", "check_swap fails", "has no length",
+                                      "self.lengths[seq] = saved.length"]),
+    (Scheduler, SwapInLengthIsCapacity, ["check_swap fails", "capacity of its blocks"]),
+    (OldestVictim, PagedKVCache, ["the ones preempted", "expected [4], got [1]", "oldest request was preempted"]),
 ], ids=by_name)
 def test_bug_fails_serving_under_pressure(scheduler, cache, words):
-    fails_with(serving(scheduler, cache), None, words)
+    message = fails_with(serving(scheduler, cache), None, words)
+    assert "admission without reserving" not in message or scheduler is AdmitWithoutReserving
 
 
 @pytest.mark.parametrize("bug", [RecomputeNotReset, OldestVictim, PreemptNeverFrees, AdmitWithoutRoomCheck,

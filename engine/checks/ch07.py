@@ -37,6 +37,9 @@ NOT_RESET = ("a recomputed sequence was not reset to re-prefill its generated to
              "they are, so admission prefills all of them again")
 OLDEST = ("the oldest request was preempted instead of the newest: walk self.running from the end "
           "(the newest admitted) and take the first id not in `scheduled`")
+BY_ID = ("the victim was chosen by the largest seq_id, not by admission order: a sequence admitted "
+         "again after a preemption (or swapped back in) is appended to self.running and is the newest "
+         "whatever its id. Walk self.running from the end")
 WRONG_ORDER = ("swap-in restored the blocks in the wrong order: the i-th saved block must land in "
                "the i-th newly allocated block, and the table must list them in that same order")
 
@@ -183,7 +186,21 @@ def check_choose_victim(cls) -> None:
                             "take the first sequence whose seq_id is not in `scheduled`")
                 fail(f"running ids {[s.seq_id for s in sched.running]} (oldest first), scheduled "
                      f"{sorted(scheduled)}: choose_victim picked id", want.seq_id, got_id, hint)
-    passed("choose_victim: always the newest running sequence that is not yet scheduled this step")
+    # Admission order is not id order: a re-admitted or swapped-in sequence is appended to self.running.
+    order = (3, 0, 4, 1)
+    sched = _scheduler(cls, num_blocks=4)
+    sched.running = [_sequence(i, [i]) for i in order]
+    for scheduled in (set(), {1}, {1, 4}):
+        eligible = [i for i in order if i not in scheduled]
+        got = sched.choose_victim(scheduled)
+        got_id = getattr(got, "seq_id", got)
+        if got_id != eligible[-1]:
+            hint = BY_ID if got_id == max(eligible) else OLDEST if got_id == eligible[0] else (
+                "walk self.running from the end and take the first sequence not in `scheduled`")
+            fail(f"running ids {list(order)} (admission order, oldest first), scheduled "
+                 f"{sorted(scheduled)}: choose_victim picked id", eligible[-1], got_id, hint)
+    passed("choose_victim: always the newest running sequence (by admission) that is not yet scheduled "
+           "this step")
 
 
 def _preempt_case(cls, mode: str, prefix: bool = False, **config):
@@ -363,6 +380,14 @@ def check_swap(cache_cls, block_size: int = 4) -> None:
     if 0 in cache.swapped:
         fail("after swap_in(0): sequence 0 is back in the pool but still in cache.swapped",
              hint="drop the saved copy once it is restored: del self.swapped[seq]")
+    restored_length = cache.lengths.get(0)
+    if restored_length != 3 * bs - 1:
+        fail(f"after swap_out(0) and swap_in(0) of a {3 * bs - 1}-token sequence: self.lengths[0]",
+             3 * bs - 1, "no entry: the swapped-in sequence has no length" if restored_length is None
+             else restored_length,
+             "swap_in must restore the length it saved, self.lengths[seq] = saved.length, beside the new "
+             "table" + ("; that is the capacity of its blocks, not the tokens they hold"
+                        if restored_length == 3 * bs else ""))
     expect_raises(KeyError, lambda: cache.swap_in(0), "swap_in(0) again, when it is no longer swapped out",
                   "a sequence that is not swapped out has nothing to restore: raise KeyError before "
                   "changing anything")
@@ -506,7 +531,10 @@ def pressure_engine(sched_cls, cache_cls, block_size: int = 4, seed: int = 0):
     engine = _engine(sched_cls, cache, config, keep_logits=True)
     engine.swapped_out = set()                 # which sequences went through swap, for the hints
     engine.preempt_modes = {}                  # seq id -> the modes preempt returned for it
-    swap_out, preempt = cache.swap_out, engine.scheduler.preempt
+    engine.preempted = []                      # victims' ids, in the order they were preempted
+    engine.victims = []                        # (asker id, ids it could preempt, oldest first, victims)
+    sched = engine.scheduler
+    swap_out, preempt, reserve_or_preempt = cache.swap_out, sched.preempt, sched.reserve_or_preempt
 
     def recording_swap_out(seq):
         engine.swapped_out.add(seq)
@@ -515,8 +543,18 @@ def pressure_engine(sched_cls, cache_cls, block_size: int = 4, seed: int = 0):
     def recording_preempt(seq):
         mode = preempt(seq)
         engine.preempt_modes.setdefault(seq.seq_id, []).append(mode)
+        engine.preempted.append(seq.seq_id)
         return mode
-    cache.swap_out, engine.scheduler.preempt = recording_swap_out, recording_preempt
+
+    def recording_reserve_or_preempt(seq, count, scheduled):
+        eligible = [s.seq_id for s in sched.running if s.seq_id not in scheduled]
+        before = len(engine.preempted)
+        reserved = reserve_or_preempt(seq, count, scheduled)
+        if len(engine.preempted) > before:
+            engine.victims.append((seq.seq_id, eligible, engine.preempted[before:]))
+        return reserved
+    cache.swap_out, sched.preempt = recording_swap_out, recording_preempt
+    sched.reserve_or_preempt = recording_reserve_or_preempt
     return engine, [engine.add_request(p, params) for p in prompts]
 
 
@@ -531,8 +569,9 @@ def pressure_run(sched_cls, cache_cls, block_size: int = 4, seed: int = 0, abort
             engine.step()
         except ValueError as error:
             if "reserved room" in str(error):
+                swap = _swap_problem(cache_cls)
                 fail(f"engine step {steps + 1}: the forward wrote where nothing was reserved ({error})",
-                     hint=NO_RESERVE)
+                     hint=f"check_swap fails on your swap_out and swap_in: {swap}" if swap else NO_RESERVE)
             if "already exists" in str(error):
                 fail(f"engine step {steps + 1}: a sequence coming back found itself still in the cache "
                      f"({error})", hint=LEAKED)
@@ -550,13 +589,46 @@ def pressure_run(sched_cls, cache_cls, block_size: int = 4, seed: int = 0, abort
     return engine, requests, victim
 
 
+def _victim_problem(engine) -> None:
+    """Fail at the first preemption that did not take the newest sequences not yet scheduled."""
+    for asker, eligible, victims in engine.victims:
+        newest_first = eligible[::-1][:len(victims)]
+        if victims == newest_first:
+            continue
+        if victims == eligible[:len(victims)]:
+            hint = OLDEST
+        elif victims == sorted(eligible, reverse=True)[:len(victims)]:
+            hint = BY_ID
+        elif any(v not in eligible for v in victims):
+            hint = "a sequence already scheduled this step has its room: never preempt it (skip `scheduled`)"
+        else:
+            hint = "preempt self.choose_victim(scheduled): the newest running sequence not yet scheduled"
+        fail(f"sequence {asker} needed room while sequences {eligible} (admission order, oldest first) "
+             f"were running and not yet scheduled this step: the ones preempted", newest_first, victims,
+             hint)
+
+
+def _scheduler_problem(sched_cls) -> str | None:
+    """The first scheduler check that fails on sched_cls (run quietly), in words, or None."""
+    for probe in (check_admit, check_choose_victim, check_preempt, check_reserve_or_preempt,
+                  check_parallel_sampling):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                probe.__wrapped__(sched_cls)
+        except CheckFailed as failure:
+            return f"{probe.__name__} fails on your scheduler too: " + str(failure).replace(". Hint: ", "; its hint: ")
+        except Exception:  # a crash in a probe says no more than the crash itself
+            continue
+    return None
+
+
 def _swap_problem(cache_cls) -> str | None:
     """check_swap's failure message on cache_cls (run quietly), or None when it passes."""
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             check_swap.__wrapped__(cache_cls)
     except CheckFailed as failure:
-        return str(failure)
+        return str(failure).replace(". Hint: ", "; its hint: ")
     except Exception as error:  # a crash in the probe: report it plainly
         return f"it crashes with {type(error).__name__}: {error}"
     return None
@@ -567,7 +639,16 @@ def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed
     """The milestone: your scheduler and your swap in the real engine, a pool so small that requests
     are preempted by both recompute and swap; every output equals its solo run, every logit a
     from-scratch run within 1e-5, and no block leaks once everything finished or was aborted."""
-    engine, requests, victim = pressure_run(sched_cls, cache_cls, block_size, seed)
+    try:
+        engine, requests, victim = pressure_run(sched_cls, cache_cls, block_size, seed)
+    except (CheckFailed, NotImplementedError):
+        raise
+    except Exception as error:
+        swap = _swap_problem(cache_cls)
+        why = f"check_swap fails on your swap_out and swap_in: {swap}" if swap else _scheduler_problem(sched_cls)
+        if why is None:
+            raise
+        fail(f"serving under pressure crashed with {type(error).__name__}: {error}", hint=why)
     sched = engine.scheduler
     kept = [r for r in requests if r.request_id != victim]
     solos = generate(tiny(), [r.prompt for r in kept], kept[0].params)   # from scratch, one batch
@@ -600,6 +681,7 @@ def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed
             except CheckFailed:
                 if attempt:
                     raise
+    _victim_problem(engine)
     cache = engine.cache
     if cache.tables or cache.swapped:
         fail("after every request finished or was aborted, sequences still in the cache",
