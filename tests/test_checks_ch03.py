@@ -64,6 +64,19 @@ ReserveExtraBlock = mutant(PagedKVCache, "reserve", """
 """, name="ReserveExtraBlock")
 
 
+# Counts the new blocks only: the copy of a shared partial last block (chapter 4's copy-on-write) is taken
+# unpaid, so a pool that holds the new blocks but not the copy does not raise OutOfBlocks.
+ReserveUncountedCopy = mutant(PagedKVCache, "reserve", """
+-    wanted = new + len(copies)
++    wanted = new
+""", name="ReserveUncountedCopy")
+# Counts the copy but never asks for it: the sequence would write into a block another one still reads.
+ReserveNeverCopies = mutant(PagedKVCache, "reserve", """
+-    self.copy_on_write(seq, index)
++    pass
+""", name="ReserveNeverCopies")
+
+
 class ReserveCommitsLength(PagedKVCache):
     def reserve(self, seq, n):
         super().reserve(seq, n)
@@ -151,6 +164,9 @@ BUGS = cases({   # the check of each exercise: the planted bugs it must name, wi
         ReservePartial: ["raised OutOfBlocks", "allocates some blocks then fails"],
         ReserveExtraBlock: ["expected 1, got 2", "one block too many at a block boundary"],
         ReserveCommitsLength: ["length(", "reserve only makes room"],
+        ReserveUncountedCopy: ["shared partial block", "no error", "needs a copy too",
+                               "len(self.shared_writes(seq, n))"],
+        ReserveNeverCopies: ["the copies reserve asked copy_on_write for", "expected [(0, 1)], got []"],
     },
     ch03.check_set_batch: {
         SetBatchPadsWithMinusOne: ["padding of row", "pad short rows with block 0"],

@@ -136,8 +136,58 @@ def check_reserve(cls, block_size: int = 4, seed: int = 0) -> None:
     small.reserve(0, 3 * bs - 1)                   # 2 blocks: fits exactly
     expect_equal(small.allocator.num_free, 0, f"then reserve(0, {3 * bs - 1}), which fits: num_free",
                  "after a failed reserve the same pool must still serve one that fits")
+    _check_reserve_counts_the_copy(cls, bs, seed)
     passed(f"reserve: {checked} cases at block boundaries (bs {bs}) take exactly ceil(length / bs) blocks "
-           f"in all; a reserve that cannot fit raises OutOfBlocks and changes nothing")
+           f"in all; a reserve that cannot fit raises OutOfBlocks and changes nothing, the copy of a shared "
+           f"last block counted")
+
+
+def _shared_partial(cls, bs: int, seed: int, num_blocks: int):
+    """A cache whose sequence 0 holds bs + 1 tokens in 2 blocks that sequence 1 shares (refcount 2, as
+    fork makes it in chapter 4); copy_on_write (chapter 4's to write) only records its calls here."""
+    cache = _cache(cls, num_blocks=num_blocks, block_size=bs, seed=seed)
+    cache.create(0)
+    cache.reserve(0, bs + 1)
+    cache.set_length(0, bs + 1)
+    cache.create(1)
+    cache.tables[1], cache.lengths[1] = list(cache.tables[0]), bs + 1
+    for block in cache.tables[0]:
+        cache.allocator.share(block)
+    asked = []
+    cache.copy_on_write = lambda seq, index: asked.append((seq, index))
+    return cache, asked
+
+
+def _check_reserve_counts_the_copy(cls, bs: int, seed: int) -> None:
+    """A sequence whose partial last block is shared grows into it: reserve pays for the new block and for
+    the copy before taking either, and asks copy_on_write for the copy."""
+    stored, more = bs + 1, bs                      # positions bs + 1 .. 2 bs: 1 new block and 1 copy
+    cache, asked = _shared_partial(cls, bs, seed + 2, num_blocks=3)
+    before = _state(cache)
+    table = before[0][0]
+    what = (f"sequence 0 holds {stored} tokens in blocks {table} (blocks of {bs}), both shared with sequence 1 "
+            f"(refcount 2); reserve(0, {more}) writes into the shared partial block {table[1]}, so it needs "
+            f"1 new block and 1 copy, with {before[3]} free block")
+    uncounted = ("the shared partial last block needs a copy too, and the copy takes a block: add "
+                 "len(self.shared_writes(seq, n)) to the blocks you need before comparing with "
+                 "allocator.num_free, and make the copies only after that check")
+    expect_raises(OutOfBlocks, lambda: cache.reserve(0, more), what, uncounted)
+    if _state(cache) != before or asked:
+        fail(f"{what}: after it raised OutOfBlocks, (tables, lengths, refcounts, num_free) and the copies "
+             "asked for", (before, []), (_state(cache), asked),
+             "a failed reserve changes nothing: count the copy with the new blocks, compare with "
+             "allocator.num_free, and only then copy or allocate")
+    cache, asked = _shared_partial(cls, bs, seed + 2, num_blocks=4)
+    before = _state(cache)
+    cache.reserve(0, more)
+    expect_equal(asked, [(0, 1)], f"{what.replace('1 free block', '2 free blocks')}: the copies reserve asked "
+                 "copy_on_write for, as (seq, table index)",
+                 "for each index in self.shared_writes(seq, n), call self.copy_on_write(seq, index) once the "
+                 "pool is known to cover everything")
+    expect_equal(len(cache.tables[0]), 3, f"after that reserve(0, {more}): blocks in sequence 0's table",
+                 f"ceil(({stored} + {more}) / {bs}) = 3: the two it had and one new")
+    expect_equal(cache.tables[1], before[0][1], "sequence 1's table after sequence 0 reserved",
+                 "reserve changes only the table of the sequence it reserves for")
 
 
 @check
