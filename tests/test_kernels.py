@@ -7,6 +7,7 @@ interpreter finishes this file in seconds.
 
 import math
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -270,6 +271,91 @@ def test_primer_gather_rows():
     assert (buffer[7:] == -7).all() and (buffer[:, 5:] == -7).all()
 
 
+# ----- the grouped kernel's paths: products, tiles, splits ---------------------------------------
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+# products, keys per tile, group, block size, head_dim, dtype, splits: each row a different way through
+# tile_blocks (tiles of several blocks, of exactly one, inside one) and the two product kinds.
+GROUPED_CASES = [
+    ("sum", 16, 1, 8, 64, F16, 1),
+    ("sum", 32, 2, 16, 128, F16, 1),     # Qwen3-0.6B's group and head_dim, tiles of two blocks
+    ("sum", 16, 4, 32, 64, BF16, 3),     # a tile inside one block
+    ("sum", 64, 8, 8, 64, F32, 2),       # eight table entries per tile
+    ("dot", 32, 2, 16, 128, F16, 1),
+    ("dot", 16, 8, 32, 64, BF16, 4),
+    ("dot", 64, 4, 8, 128, F32, 2),
+    ("dot", 32, 1, 16, 64, F16, 5),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("products, block_n, group, block_size, head_dim, dtype, splits", GROUPED_CASES,
+                         ids=lambda v: str(v).removeprefix("torch."))
+def test_grouped_kernel_paths_match_reference(products, block_n, group, block_size, head_dim, dtype, splits):
+    """Lengths bs-1, bs, bs+1, 2bs+1 match the reference; rows that see no key (kv_len 0, or a padding
+    query at position -1) come back as exact zeros, split or not."""
+    from engine.attention.decode_config import DecodeConfig
+    bs = block_size
+    lens = [bs - 1, bs, bs + 1, 2 * bs + 1, 0, 5]
+    k_pool, v_pool, tables, kv_lens = make_pool(lens, kv_heads=2, head_dim=head_dim, block_size=bs, dtype=dtype)
+    q = make_queries(len(lens), 2 * group, 1, head_dim, dtype)
+    positions = decode_positions(kv_lens)
+    positions[-1] = -1                                   # a padding row over a stored history
+    sees_keys = positions >= 0
+    out = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens, num_splits=splits,
+                       config=DecodeConfig(block_n, products))
+    assert out.dtype == dtype and out.shape == q.shape
+    expected = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
+    assert_close(out, expected, dtype, rows=sees_keys)
+    assert torch.equal(out[~sees_keys[:, 0]], torch.zeros_like(out[~sees_keys[:, 0]]))
+
+
+@needs_triton
+@pytest.mark.parametrize("products", ["sum", "dot"])
+def test_every_split_count_gives_the_unsplit_result(products):
+    """Split counts 1 to 5 and 16, over histories shorter and longer than the slices, all equal the reference."""
+    from engine.attention.decode_config import DecodeConfig
+    lens = [1, BS + 1, 70]
+    k_pool, v_pool, tables, kv_lens = make_pool(lens, kv_heads=1)
+    q = make_queries(len(lens), 2, 1, 32, torch.float32)
+    positions = decode_positions(kv_lens)
+    expected = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
+    config = DecodeConfig(16, products)
+    for splits in (1, 2, 3, 4, 5, 16):
+        out = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens, num_splits=splits, config=config)
+        assert_close(out, expected, torch.float32)
+
+
+@needs_triton
+def test_bad_configs_are_refused_with_their_values():
+    """A tl.dot tile under 16 keys, a tile that is not a power of 2, unknown products: named, before any launch."""
+    from engine.attention.decode_config import DecodeConfig
+    k_pool, v_pool, tables, kv_lens = make_pool([5])
+    args = (make_queries(1, 2, 1, 32, torch.float32), k_pool, v_pool, tables, decode_positions(kv_lens), kv_lens)
+    for config, message in ((DecodeConfig(8, "dot"), "power of 2 >= 16 for products='dot', got 8"),
+                            (DecodeConfig(24, "sum"), "power of 2 >= 1 for products='sum', got 24"),
+                            (DecodeConfig(16, "mma"), "products must be one of ('sum', 'dot'), got 'mma'")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            paged_decode(*args, config=config)
+
+
+@needs_triton
+def test_step_varying_arguments_are_not_specialized():
+    """The arguments that change every engine step are in each kernel's do_not_specialize, and are real
+    parameter names (Triton ignores a misspelt one silently, and would then compile a variant per step)."""
+    import inspect
+
+    from engine.attention import triton_decode, triton_prefill
+    kernels = ((triton_decode.paged_decode_grouped_kernel, triton_decode.STEP_VARYING),
+               (triton_decode.merge_splits_kernel, ("num_splits",)),
+               (triton_prefill.paged_prefill_kernel, triton_prefill.STEP_VARYING))
+    for kernel, varying in kernels:
+        names = set(getattr(kernel, "do_not_specialize", None) or kernel.kwargs.get("do_not_specialize") or ())
+        params = set(inspect.signature(kernel.fn).parameters)
+        assert set(varying) <= names, (kernel.fn.__name__, names)
+        assert names <= params, (kernel.fn.__name__, names - params)
+
+
 # ----- the prefill kernel -------------------------------------------------------------------------
 
 
@@ -373,6 +459,7 @@ def test_auto_backend_uses_sdpa_on_cpu_and_rejects_unknown_names():
 def test_split_heuristic_splits_only_when_the_gpu_would_idle(monkeypatch):
     """Many (sequence, KV head) programs: no split; one long sequence: up to 16; a short one: none; CPU: none."""
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(attention_pkg, "_SM_COUNTS", {})  # asked once per device, then cached: start empty
     cuda = torch.device("cuda")
     choose = attention_pkg.choose_num_splits
     assert choose(batch=64, kv_heads=8, max_blocks=1024, block_size=16, device=cuda) == 1

@@ -120,20 +120,27 @@ def triton_modules():
     return triton, tl
 
 
+_SM_COUNTS: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device, asked once per device (the decode path asks every layer)."""
+    key = device.index
+    if key not in _SM_COUNTS:
+        _SM_COUNTS[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNTS[key]
+
+
 def choose_num_splits(batch: int, kv_heads: int, max_blocks: int, block_size: int, device: torch.device) -> int:
     """Split-K count for decode: split only when (sequence, KV head) programs cannot fill the GPU's SMs.
 
-    Uses the block table's width as the context bound, so it never reads lengths off the GPU.
+    See `decode_config.split_count`: about two programs per SM, slices of at least 512 keys, at most
+    16 splits. Uses the block table's width as the context bound, so it never reads lengths off the GPU.
     """
     if device.type != "cuda":
         return 1
-    programs = batch * kv_heads
-    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count  # ~2 programs per SM
-    if programs >= target:
-        return 1
-    by_occupancy = -(-target // programs)
-    by_length = (max_blocks * block_size) // 512  # a slice shorter than ~512 keys costs more to merge than it saves
-    return max(1, min(by_occupancy, by_length, 16))
+    from engine.attention.decode_config import split_count
+    return split_count(batch, kv_heads, max_blocks, block_size, sm_count(device))
 
 
 def paged_attention(q, k_pool, v_pool, block_tables, q_positions, kv_lens, backend: str = "auto",

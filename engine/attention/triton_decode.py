@@ -1,21 +1,28 @@
 """Paged decode attention in Triton: each sequence's one new query reads its history through the block table.
 
-One program per (sequence, KV head) handles every query head of that KV group at once, so each
-key and value tile is loaded from memory once and used by the whole group (grouped-query
-attention makes decode memory-bound; loading K/V once per group is the whole game).
+Two kernels compute the same thing:
 
-Split-K (flash-decoding): when there are too few (sequence, KV head) programs to fill the GPU,
-each program takes one slice of the history and writes a partial result (m, l, acc); a second
-kernel merges the slices by log-sum-exp.
+`paged_decode_head_kernel` is the simplest correct one, chapter 6's: one program per (sequence,
+query head), float32 products reduced with tl.sum. The chapter has the learner write its function,
+`paged_decode_head_program`; `paged_decode_per_head` launches it (or a learner's function or kernel
+with the same signature).
 
-`attend_pages` is the inner loop shared with the prefill kernel (triton_prefill.py).
-
-`paged_decode_head_kernel` is the simplest correct paged decode kernel: one program per
-(sequence, query head), no tl.dot. Chapter 6 has the learner write its function,
-`paged_decode_head_program`, and `paged_decode_per_head` launches it (or a learner's function or
-kernel with the same signature). The
-grouped kernel above is what `engine.attention.paged_attention` runs: it reads each K/V tile
-once per KV group instead of once per query head.
+`paged_decode_grouped_kernel` is what `engine.attention.paged_attention` runs. Decode reads every
+cached key and value once and does little math on each, so its speed is memory bandwidth, and the
+kernel is built to read each byte once, in big contiguous pieces:
+  * one program per (sequence, KV head) attends every query head of that KV group, so a K/V tile
+    is loaded once for the whole group (not once per query head);
+  * K and V are loaded in their storage dtype (fp16/bf16: half the bytes of float32); the products
+    are float32 elementwise ("sum", for small groups, no padding) or tl.dot in the storage dtype
+    with float32 accumulation ("dot", on tensor cores), chosen by `decode_config`;
+  * the block table is read once per tile (one entry per block the tile covers), and a tile's
+    keys of one block are one contiguous run of the pool;
+  * split-K (flash-decoding): when the (sequence, KV head) programs cannot fill the GPU, each
+    history is cut into slices attended by separate programs, which write partials (m, l, acc)
+    that `merge_splits_kernel` combines by log-sum-exp (`merge_partials` is its torch spec).
+Scores are kept in base 2 (q.k * scale * log2(e), then exp2), which is exp() with one multiply
+less; the partials' m is converted back to natural units, so they mean what the chapter says.
+A row that sees no key (padding, position -1, or kv_len 0) comes back as zeros.
 """
 
 from __future__ import annotations
@@ -31,9 +38,15 @@ INTERPRETED = prepare_triton()  # before `import triton`: kernels are interprete
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from engine.attention.decode_config import (  # noqa: E402
+    DecodeConfig, candidates, check_config, default_config, fastest, ids_per_tile,
+)
 from engine.attention.paged_reference import check_paged_inputs, check_table_covers  # noqa: E402
 
-MIN_DOT = 16  # tl.dot needs every tile side >= 16 to compile on a GPU (the interpreter accepts less)
+LOG2E = 1.4426950408889634   # exp(x) = exp2(x * log2(e))
+# Integer arguments that change from step to step (the block table's width, the split count):
+# never specialized on, or Triton compiles a new variant whenever one turns 1 or a multiple of 16.
+STEP_VARYING = ("s_tb", "num_splits")
 
 
 def paged_decode_head_program(q_ptr, k_pool, v_pool, tables_ptr, lengths_ptr, out_ptr,
@@ -99,124 +112,110 @@ def as_kernel(fn):
 
 
 @triton.jit
-def attend_pages(q, row_last, k_pool, v_pool, table_row, kv_head, start, stop, head_dim,
-                 s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
-                 ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 D_PAD: tl.constexpr, PRECISION: tl.constexpr):
-    """Online softmax of q's rows over key positions [start, stop), read through one block table.
+def tile_blocks(table_row, tile_start, stop, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                IDS_PER_TILE: tl.constexpr):
+    """The physical block of each of a tile's BLOCK_N positions, [BLOCK_N] int64.
 
-    q [ROWS, D_PAD] is float32 and already scaled; row r may see positions <= row_last[r]
-    (-1: nothing). Returns the running max m, the sum of exponentials l and the unnormalized
-    output acc = sum_j exp(s_j - m) v_j, all float32, so a caller can normalize or merge them.
+    The IDS_PER_TILE table entries the tile covers are loaded once each and repeated over their
+    BLOCK_SIZE slots (one entry when the tile lies inside one block). IDS_PER_TILE = 0, for a
+    block size that is not a power of 2, looks up each position's entry instead.
     """
-    dims = tl.arange(0, D_PAD)
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    l = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, D_PAD], tl.float32)
-    for tile_start in range(start, stop, BLOCK_N):
-        pos = tile_start + tl.arange(0, BLOCK_N)
-        in_range = pos < stop  # the tail: slots past the sequence's end hold garbage, never read them
-        # The indirection: logical position p lives in physical block table[p // bs], at slot p % bs.
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
-        slot = pos % BLOCK_SIZE
-        kv_mask = in_range[:, None] & (dims[None, :] < head_dim)
-        k_addr = k_pool + block[:, None] * s_kn + kv_head * s_kh + slot[:, None] * s_ks + dims[None, :] * s_kd
-        v_addr = v_pool + block[:, None] * s_vn + kv_head * s_vh + slot[:, None] * s_vs + dims[None, :] * s_vd
-        # Cast right after the load: all arithmetic below is float32 (the interpreter mangles bf16 math).
-        k = tl.load(k_addr, mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_N, D_PAD]
-        v = tl.load(v_addr, mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [ROWS, BLOCK_N]
-        visible = in_range[None, :] & (pos[None, :] <= row_last[:, None])
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        # A row that has seen nothing yet keeps m = -inf; subtract 0 instead so exp gives 0, not NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        # Online softmax: scores so far were exponentiated against the old max; rescale them to the new one.
-        alpha = tl.exp(m - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        m = m_new
-    return m, l, acc
+    pos = tile_start + tl.arange(0, BLOCK_N)
+    if IDS_PER_TILE == 0:
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos < stop, other=0).to(tl.int64)
+    else:
+        entry = tile_start // BLOCK_SIZE + tl.arange(0, IDS_PER_TILE)
+        ids = tl.load(table_row + entry, mask=entry * BLOCK_SIZE < stop, other=0).to(tl.int64)
+        repeated = tl.broadcast_to(ids[:, None], (IDS_PER_TILE, BLOCK_N // IDS_PER_TILE))
+        block = tl.reshape(repeated, (BLOCK_N,))
+    return block
 
 
-@triton.jit
-def load_query_group(q_ptr, seq, kv_head, group, head_dim, scale, s_qb, s_qh, s_qd,
-                     GROUP_PAD: tl.constexpr, D_PAD: tl.constexpr):
-    """The decode query of every head in one KV group as a scaled float32 [GROUP_PAD, D_PAD] tile (pad rows 0)."""
-    member = tl.arange(0, GROUP_PAD)
-    dims = tl.arange(0, D_PAD)
-    heads = kv_head * group + member  # query head h reads KV head h // group
-    mask = (member[:, None] < group) & (dims[None, :] < head_dim)
-    q = tl.load(q_ptr + seq * s_qb + heads[:, None] * s_qh + dims[None, :] * s_qd, mask=mask, other=0.0)
-    return q.to(tl.float32) * scale
+@triton.jit(do_not_specialize=STEP_VARYING)
+def paged_decode_grouped_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv_lens_ptr, out_ptr,
+                                m_ptr, l_ptr, acc_ptr, group, qk_scale, num_splits,
+                                s_qb, s_qh, s_ob, s_oh, s_tb, s_kn, s_kh, s_ks, s_vn, s_vh, s_vs,
+                                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, ROWS: tl.constexpr,
+                                BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, IDS_PER_TILE: tl.constexpr,
+                                USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr, SPLIT: tl.constexpr):
+    """Grid (B, Hkv, splits): the `group` query heads of one KV head over one slice of one history.
 
-
-@triton.jit
-def paged_decode_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv_lens_ptr, out_ptr,
-                        group, head_dim, scale,
-                        s_qb, s_qh, s_qd, s_ob, s_oh, s_od, s_tb,
-                        s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
-                        GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                        D_PAD: tl.constexpr, PRECISION: tl.constexpr):
-    """Grid (B, Hkv): one program attends every query head of one KV group over one whole sequence."""
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    q = load_query_group(q_ptr, seq, kv_head, group, head_dim, scale, s_qb, s_qh, s_qd, GROUP_PAD, D_PAD)
-    # The query at position p sees keys j <= p that are stored (j < kv_len); padding (p = -1) sees none.
-    last = tl.minimum(tl.load(q_pos_ptr + seq), tl.load(kv_lens_ptr + seq) - 1)
-    stop = tl.maximum(last + 1, 0)
-    row_last = tl.zeros([GROUP_PAD], tl.int64) + last
-    m, l, acc = attend_pages(q, row_last, k_pool, v_pool, tables_ptr + seq * s_tb, kv_head, 0, stop, head_dim,
-                             s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
-                             GROUP_PAD, BLOCK_SIZE, BLOCK_N, D_PAD, PRECISION)
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # a padding row saw nothing: write 0, not 0/0
-    member = tl.arange(0, GROUP_PAD)
-    dims = tl.arange(0, D_PAD)
-    heads = kv_head * group + member
-    mask = (member[:, None] < group) & (dims[None, :] < head_dim)
-    tl.store(out_ptr + seq * s_ob + heads[:, None] * s_oh + dims[None, :] * s_od,
-             out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def paged_decode_split_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv_lens_ptr,
-                              m_ptr, l_ptr, acc_ptr,
-                              group, head_dim, scale, num_splits,
-                              s_qb, s_qh, s_qd, s_tb,
-                              s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
-                              GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                              D_PAD: tl.constexpr, PRECISION: tl.constexpr):
-    """Grid (B, Hkv, splits): one program attends one KV group over one slice of the history.
-
-    Writes the slice's unnormalized partials m, l [B, Hq, S] and acc [B, Hq, S, D]; a slice
-    past the end of a short sequence writes m = -inf, l = 0, acc = 0 (an empty split).
+    ROWS >= group query rows (a power of 2; 16 or more for tl.dot), vectors of HEAD_DIM contiguous
+    values padded to D_PAD. qk_scale = log2(e) / sqrt(HEAD_DIM). SPLIT: write the slice's partials
+    m (natural units), l [B, Hq, S] and acc [B, Hq, S, D_PAD]; else the normalized output.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    q = load_query_group(q_ptr, seq, kv_head, group, head_dim, scale, s_qb, s_qh, s_qd, GROUP_PAD, D_PAD)
+    rows = tl.arange(0, ROWS)
+    dims = tl.arange(0, D_PAD)
+    heads = kv_head * group + rows           # query head h reads KV head h // group
+    is_head = rows < group
+    dim_ok = dims < HEAD_DIM
+    q_mask = is_head[:, None] & dim_ok[None, :]
+    q = tl.load(q_ptr + seq * s_qb + heads[:, None] * s_qh + dims[None, :], mask=q_mask, other=0.0)
+    # The query at position p sees keys j <= p that are stored (j < kv_len); padding (p = -1) sees none.
     last = tl.minimum(tl.load(q_pos_ptr + seq), tl.load(kv_lens_ptr + seq) - 1)
     visible = tl.maximum(last + 1, 0)
-    # Slices are whole tiles long, so every tile a program loads starts on a tile boundary.
+    # Slices are whole tiles long, so every tile starts on a tile boundary (and a block boundary).
     per_split = tl.cdiv(tl.cdiv(visible, num_splits), BLOCK_N) * BLOCK_N
     start = split * per_split
     stop = tl.minimum(start + per_split, visible)
-    row_last = tl.zeros([GROUP_PAD], tl.int64) + last
-    m, l, acc = attend_pages(q, row_last, k_pool, v_pool, tables_ptr + seq * s_tb, kv_head, start, stop, head_dim,
-                             s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
-                             GROUP_PAD, BLOCK_SIZE, BLOCK_N, D_PAD, PRECISION)
-    member = tl.arange(0, GROUP_PAD)
-    dims = tl.arange(0, D_PAD)
-    heads = kv_head * group + member
-    row = (seq * tl.num_programs(1) * group + heads) * num_splits + split  # index into [B, Hq, S]
-    is_head = member < group
-    tl.store(m_ptr + row, m, mask=is_head)
-    tl.store(l_ptr + row, l, mask=is_head)
-    tl.store(acc_ptr + row[:, None] * D_PAD + dims[None, :], acc, mask=is_head[:, None])
+    if USE_DOT:
+        if DOT_FP32:
+            q = q.to(tl.float32)
+    else:
+        q = q.to(tl.float32) * qk_scale
+    m = tl.full([ROWS], float("-inf"), tl.float32)   # running max (base 2), one per query row
+    l = tl.zeros([ROWS], tl.float32)                 # running sum of exp2(score - m)
+    acc = tl.zeros([ROWS, D_PAD], tl.float32)        # running sum of exp2(score - m) * value
+    table_row = tables_ptr + seq * s_tb
+    for tile_start in range(start, stop, BLOCK_N):
+        pos = tile_start + tl.arange(0, BLOCK_N)
+        in_range = pos < stop                # past the slice's end: not ours (garbage, or the next slice)
+        block = tile_blocks(table_row, tile_start, stop, BLOCK_SIZE, BLOCK_N, IDS_PER_TILE)
+        slot = pos % BLOCK_SIZE
+        kv_mask = in_range[:, None] & dim_ok[None, :]
+        k = tl.load(k_pool + block[:, None] * s_kn + kv_head * s_kh + slot[:, None] * s_ks + dims[None, :],
+                    mask=kv_mask, other=0.0)
+        v = tl.load(v_pool + block[:, None] * s_vn + kv_head * s_vh + slot[:, None] * s_vs + dims[None, :],
+                    mask=kv_mask, other=0.0)
+        if USE_DOT:
+            if DOT_FP32:                     # fp32 pools, and bf16 in the interpreter (its bf16 math is wrong):
+                k = k.to(tl.float32)         # full float32 products ("ieee"), never tf32's 10-bit mantissa
+                v = v.to(tl.float32)
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale   # [ROWS, BLOCK_N]
+            else:                            # fp16/bf16 operands, float32 accumulation, on tensor cores
+                scores = tl.dot(q, tl.trans(k)) * qk_scale
+        else:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)               # [ROWS, BLOCK_N]
+        scores = tl.where(in_range[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))    # finite: every tile has a key in range
+        alpha = tl.exp2(m - m_new)                       # rescales what was summed against the old max
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        if USE_DOT:
+            if DOT_FP32:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    if SPLIT:
+        row = (seq * tl.num_programs(1) * group + heads) * num_splits + split   # index into [B, Hq, S]
+        tl.store(m_ptr + row, m * 0.6931471805599453, mask=is_head)           # base 2 -> natural: * ln 2
+        tl.store(l_ptr + row, l, mask=is_head)
+        tl.store(acc_ptr + row[:, None] * D_PAD + dims[None, :], acc, mask=is_head[:, None])
+    else:
+        out = acc / tl.where(l > 0, l, 1.0)[:, None]     # a row that saw no key: 0, not 0/0
+        tl.store(out_ptr + seq * s_ob + heads[:, None] * s_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, num_heads, num_splits, head_dim,
                         s_ob, s_oh, s_od, SPLITS_PAD: tl.constexpr, D_PAD: tl.constexpr):
     """Grid (B, Hq): combine the split partials of one query head into its output by log-sum-exp."""
@@ -241,22 +240,6 @@ def merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, num_heads, num_splits, h
              mask=dims < head_dim)
 
 
-def tile_sizes(block_size: int, head_dim: int, group: int) -> tuple[int, int, int]:
-    """(BLOCK_N, D_PAD, GROUP_PAD): key tile, padded head dim and padded group, all powers of 2 and >= 16."""
-    d_pad = max(MIN_DOT, triton.next_power_of_2(head_dim))
-    group_pad = max(MIN_DOT, triton.next_power_of_2(group))
-    # About 4K elements per K tile: 32 keys at head_dim 128, 64 at 64; at least one whole block.
-    block_n = max(MIN_DOT, triton.next_power_of_2(block_size), min(64, 4096 // d_pad))
-    return block_n, d_pad, group_pad
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot precision: full fp32 ("ieee") for every input dtype.
-
-    Loads are cast to fp32, and both dots also take fp32 values the kernel computed (q * scale, the
-    softmax weights p), which tf32 would round to 10 mantissa bits. Decode is bound by memory, not math.
-    """
-    return "ieee"
 
 
 def check_runnable(q: torch.Tensor, block_tables: torch.Tensor, kv_lens: torch.Tensor, block_size: int) -> None:
@@ -274,12 +257,36 @@ def check_runnable(q: torch.Tensor, block_tables: torch.Tensor, kv_lens: torch.T
         check_table_covers(block_tables, kv_lens, block_size)
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """"float16", "bfloat16", "float32": the key `decode_config` tables use."""
+    return str(dtype).removeprefix("torch.")
+
+
+TUNED: dict[tuple, tuple[DecodeConfig, dict]] = {}   # shape key -> (fastest config, ms of each candidate)
+
+
+def tuned_config(run, dtype: torch.dtype, head_dim: int, block_size: int, group: int, splits: bool):
+    """The fastest of `candidates` for this shape, timed once on the caller's data (`run(config)` launches).
+
+    Cached per (dtype, head_dim, block_size, group, split or not): the batch and the context change every
+    step and are left out, so a serving run tunes once per shape. Needs CUDA (it times with do_bench).
+    """
+    key = (dtype_name(dtype), head_dim, block_size, group, splits)
+    if key not in TUNED:
+        from triton.testing import do_bench
+        TUNED[key] = fastest(candidates(dtype_name(dtype), head_dim, group),
+                             lambda config: do_bench(lambda: run(config), warmup=5, rep=20))
+    return TUNED[key][0]
+
+
 def paged_decode(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_splits: int = 1,
-                 block_n: int | None = None) -> torch.Tensor:
+                 block_n: int | None = None, config: DecodeConfig | None = None, tune: bool = False) -> torch.Tensor:
     """Decode attention of q [B, Hq, 1, D] over the paged pools; returns [B, Hq, 1, D] in q's dtype.
 
-    num_splits > 1 runs the split-K variant: each sequence's history is cut into that many
-    slices, attended in parallel, then merged.
+    num_splits > 1 runs split-K: each history is cut into that many slices, attended in parallel,
+    then merged. `config` sets the tiling (default: `decode_config.default_config`; `tune=True` on a
+    GPU times the candidates once per shape instead); `block_n` overrides its keys per tile.
+    A row that sees no key (position -1, or kv_len 0) comes back as zeros.
     """
     check_paged_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
     if q.shape[2] != 1:
@@ -288,38 +295,72 @@ def paged_decode(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_spli
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     batch, q_heads, _, head_dim = q.shape
     kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
-    check_runnable(q, block_tables, kv_lens, block_size)
-    # The kernels index these small tensors as dense rows; q, out and the pools may be any strided views.
-    block_tables, q_positions, kv_lens = block_tables.contiguous(), q_positions.contiguous(), kv_lens.contiguous()
     group = q_heads // kv_heads
-    tile_n, d_pad, group_pad = tile_sizes(block_size, head_dim, group)
-    block_n = block_n or tile_n
-    if block_n < MIN_DOT or block_n & (block_n - 1):
-        raise ValueError(f"block_n must be a power of 2 >= {MIN_DOT}, got {block_n}")
-    out = torch.empty_like(q)
+    check_runnable(q, block_tables, kv_lens, block_size)
+    args = _contiguous_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
+    out = torch.empty_like(args[0])
     if batch == 0:
         return out
-    scale = 1.0 / math.sqrt(head_dim)
-    shared = dict(GROUP_PAD=group_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n, D_PAD=d_pad,
-                  PRECISION=dot_precision(q.dtype))
-    pool_strides = (*k_pool.stride(), *v_pool.stride())
-    q_strides = (q.stride(0), q.stride(1), q.stride(3))
-    if num_splits == 1:
-        paged_decode_kernel[(batch, kv_heads)](
-            q, k_pool, v_pool, block_tables, q_positions, kv_lens, out,
-            group, head_dim, scale, *q_strides, out.stride(0), out.stride(1), out.stride(3),
-            block_tables.stride(0), *pool_strides, **shared)
-        return out
-    m, l, acc = split_partials(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_splits, block_n,
-                               checked=True)
-    merge_splits_kernel[(batch, q_heads)](
-        m, l, acc, out, q_heads, num_splits, head_dim, out.stride(0), out.stride(1), out.stride(3),
-        SPLITS_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad)
+    if tune and config is None and q.is_cuda:
+        config = tuned_config(lambda c: _launch(*args, out, num_splits, c), q.dtype, head_dim, block_size,
+                              group, num_splits > 1)
+    config = config or default_config(dtype_name(q.dtype), head_dim, group)
+    if block_n:
+        config = DecodeConfig(block_n, config.products, config.num_warps, config.num_stages)
+    check_config(config, head_dim, group)
+    _launch(*args, out, num_splits, config)
     return out
 
 
+def _contiguous_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens):
+    """The kernels index the small tensors as dense rows and every vector's D values as contiguous:
+    copy only what is not laid out that way (q, out and the pools may otherwise be any strided views)."""
+    q, k_pool, v_pool = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_pool, v_pool))
+    return q, k_pool, v_pool, block_tables.contiguous(), q_positions.contiguous(), kv_lens.contiguous()
+
+
+def _launch(q, k_pool, v_pool, block_tables, q_positions, kv_lens, out, num_splits: int, config: DecodeConfig):
+    """One grouped-kernel launch into `out`, plus the merge when num_splits > 1."""
+    batch, q_heads, _, head_dim = q.shape
+    if num_splits > 1:
+        m, l, acc = _grouped(q, k_pool, v_pool, block_tables, q_positions, kv_lens, None, num_splits, config)
+        merge_splits_kernel[(batch, q_heads)](
+            m, l, acc, out, q_heads, num_splits, head_dim, out.stride(0), out.stride(1), out.stride(3),
+            SPLITS_PAD=triton.next_power_of_2(num_splits), D_PAD=acc.shape[-1])
+    else:
+        _grouped(q, k_pool, v_pool, block_tables, q_positions, kv_lens, out, 1, config)
+
+
+def _grouped(q, k_pool, v_pool, block_tables, q_positions, kv_lens, out, num_splits: int, config: DecodeConfig):
+    """Launch `paged_decode_grouped_kernel`: into `out` (normalized), or, with out=None, into new partials
+    m, l [B, Hq, S] and acc [B, Hq, S, D_PAD] (float32), which it returns."""
+    batch, q_heads, _, head_dim = q.shape
+    kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
+    group = q_heads // kv_heads
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    if out is None:
+        m = torch.empty(batch, q_heads, num_splits, device=q.device, dtype=torch.float32)
+        l = torch.empty_like(m)
+        acc = torch.empty(batch, q_heads, num_splits, d_pad, device=q.device, dtype=torch.float32)
+        target = m                                   # out_ptr is unused when SPLIT
+    else:
+        m = l = acc = target = out                   # the partial pointers are unused without SPLIT
+    use_dot = config.products == "dot"
+    paged_decode_grouped_kernel[(batch, kv_heads, num_splits)](
+        q, k_pool, v_pool, block_tables, q_positions, kv_lens, target, m, l, acc,
+        group, LOG2E / math.sqrt(head_dim), num_splits,
+        q.stride(0), q.stride(1), target.stride(0), target.stride(1), block_tables.stride(0),
+        k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), v_pool.stride(0), v_pool.stride(1),
+        v_pool.stride(2),
+        HEAD_DIM=head_dim, D_PAD=d_pad, ROWS=config.group_rows(group), BLOCK_SIZE=block_size,
+        BLOCK_N=config.block_n, IDS_PER_TILE=ids_per_tile(config.block_n, block_size), USE_DOT=use_dot,
+        DOT_FP32=use_dot and (q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)),
+        SPLIT=out is None, num_warps=config.num_warps, num_stages=config.num_stages)
+    return m, l, acc
+
+
 def split_partials(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_splits: int,
-                   block_n: int | None = None, checked: bool = False):
+                   block_n: int | None = None, config: DecodeConfig | None = None):
     """Split-K's first half: each of `num_splits` slices of every history, attended on its own.
 
     Returns float32 partials m, l [B, Hq, S] (each slice's max score and sum of exp(score - m))
@@ -327,24 +368,17 @@ def split_partials(q, k_pool, v_pool, block_tables, q_positions, kv_lens, num_sp
     sequence's end is empty: m = -inf, l = 0, acc = 0. `merge_partials` (or the merge kernel)
     combines them into the attention output.
     """
-    if not checked:
-        check_paged_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
-        check_runnable(q, block_tables, kv_lens, k_pool.shape[2])
-        block_tables, q_positions, kv_lens = (block_tables.contiguous(), q_positions.contiguous(),
-                                              kv_lens.contiguous())
-    batch, q_heads, _, head_dim = q.shape
-    kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
-    tile_n, d_pad, group_pad = tile_sizes(block_size, head_dim, q_heads // kv_heads)
-    m = torch.empty(batch, q_heads, num_splits, device=q.device, dtype=torch.float32)
-    l = torch.empty_like(m)
-    acc = torch.empty(batch, q_heads, num_splits, d_pad, device=q.device, dtype=torch.float32)
-    paged_decode_split_kernel[(batch, kv_heads, num_splits)](
-        q, k_pool, v_pool, block_tables, q_positions, kv_lens, m, l, acc,
-        q_heads // kv_heads, head_dim, 1.0 / math.sqrt(head_dim), num_splits,
-        q.stride(0), q.stride(1), q.stride(3), block_tables.stride(0), *k_pool.stride(), *v_pool.stride(),
-        GROUP_PAD=group_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n or tile_n, D_PAD=d_pad,
-        PRECISION=dot_precision(q.dtype))
-    return m, l, acc
+    check_paged_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    head_dim, group = q.shape[-1], q.shape[1] // k_pool.shape[1]
+    check_runnable(q, block_tables, kv_lens, k_pool.shape[2])
+    config = config or default_config(dtype_name(q.dtype), head_dim, group)
+    if block_n:
+        config = DecodeConfig(block_n, config.products, config.num_warps, config.num_stages)
+    check_config(config, head_dim, group)
+    args = _contiguous_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens)
+    return _grouped(*args, None, num_splits, config)
 
 
 def merge_partials(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:

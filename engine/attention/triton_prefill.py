@@ -2,8 +2,12 @@
 
 By the time the kernel runs, the cache has already written the new tokens' K/V into the pool,
 so "history plus new tokens" is one paged range, 0..kv_len-1. Each query row gets its own
-causal limit (its position), and padding rows (position -1) see nothing. The inner loop is the
-decode kernel's `attend_pages`; only the per-row limits differ.
+causal limit (its position), and padding rows (position -1) see nothing. `attend_pages` is the
+tile loop (an online softmax through the block table); only the per-row limits are prefill's own.
+
+Arguments that change from one engine step to the next (the number of new tokens, the strides that
+follow it, the block table's width) are not specialized on (`do_not_specialize`): Triton would
+otherwise compile a new variant whenever one of them turns 1 or a multiple of 16.
 """
 
 from __future__ import annotations
@@ -19,11 +23,56 @@ INTERPRETED = prepare_triton()  # before `import triton`: kernels are interprete
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from engine.attention.decode_config import MIN_DOT  # noqa: E402
 from engine.attention.paged_reference import check_paged_inputs  # noqa: E402
-from engine.attention.triton_decode import MIN_DOT, attend_pages, check_runnable, dot_precision, tile_sizes  # noqa: E402
+from engine.attention.triton_decode import check_runnable  # noqa: E402
+
+STEP_VARYING = ("steps", "s_qb", "s_qh", "s_ob", "s_oh", "s_tb", "s_pb")
 
 
 @triton.jit
+def attend_pages(q, row_last, k_pool, v_pool, table_row, kv_head, start, stop, head_dim,
+                 s_kn, s_kh, s_ks, s_kd, s_vn, s_vh, s_vs, s_vd,
+                 ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 D_PAD: tl.constexpr, PRECISION: tl.constexpr):
+    """Online softmax of q's rows over key positions [start, stop), read through one block table.
+
+    q [ROWS, D_PAD] is float32 and already scaled; row r may see positions <= row_last[r]
+    (-1: nothing). Returns the running max m, the sum of exponentials l and the unnormalized
+    output acc = sum_j exp(s_j - m) v_j, all float32, so a caller can normalize them.
+    """
+    dims = tl.arange(0, D_PAD)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D_PAD], tl.float32)
+    for tile_start in range(start, stop, BLOCK_N):
+        pos = tile_start + tl.arange(0, BLOCK_N)
+        in_range = pos < stop  # the tail: slots past the sequence's end hold garbage, never read them
+        # The indirection: logical position p lives in physical block table[p // bs], at slot p % bs.
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+        slot = pos % BLOCK_SIZE
+        kv_mask = in_range[:, None] & (dims[None, :] < head_dim)
+        k_addr = k_pool + block[:, None] * s_kn + kv_head * s_kh + slot[:, None] * s_ks + dims[None, :] * s_kd
+        v_addr = v_pool + block[:, None] * s_vn + kv_head * s_vh + slot[:, None] * s_vs + dims[None, :] * s_vd
+        # Cast right after the load: all arithmetic below is float32 (the interpreter mangles bf16 math).
+        k = tl.load(k_addr, mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_N, D_PAD]
+        v = tl.load(v_addr, mask=kv_mask, other=0.0).to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [ROWS, BLOCK_N]
+        visible = in_range[None, :] & (pos[None, :] <= row_last[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        # A row that has seen nothing yet keeps m = -inf; subtract 0 instead so exp gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        # Online softmax: scores so far were exponentiated against the old max; rescale them to the new one.
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        m = m_new
+    return m, l, acc
+
+
+@triton.jit(do_not_specialize=STEP_VARYING)
 def paged_prefill_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv_lens_ptr, out_ptr,
                          steps, group, head_dim, scale,
                          s_qb, s_qh, s_qt, s_qd, s_ob, s_oh, s_ot, s_od, s_tb, s_pb, s_pt,
@@ -52,6 +101,24 @@ def paged_prefill_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv_lens_p
              out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def tile_sizes(block_size: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_N, D_PAD): keys per tile and the padded head dim, powers of 2 and >= 16 (tl.dot's minimum)."""
+    d_pad = max(MIN_DOT, triton.next_power_of_2(head_dim))
+    # About 4K elements per K tile: 32 keys at head_dim 128, 64 at 64; at least one whole block.
+    block_n = max(MIN_DOT, triton.next_power_of_2(block_size), min(64, 4096 // d_pad))
+    return block_n, d_pad
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot precision: full fp32 ("ieee") for every input dtype.
+
+    Loads are cast to fp32, and both dots also take fp32 values the kernel computed (q * scale, the
+    softmax weights p), which tf32 would round to 10 mantissa bits. Prefill is a small share of a
+    serving run's attention time; decode, the share bound by memory, has its own kernel.
+    """
+    return "ieee"
+
+
 def paged_prefill(q, k_pool, v_pool, block_tables, q_positions, kv_lens, block_m: int | None = None,
                   block_n: int | None = None) -> torch.Tensor:
     """Causal attention of q [B, Hq, T, D] (ragged rows, position -1 = padding) over the paged pools.
@@ -63,7 +130,7 @@ def paged_prefill(q, k_pool, v_pool, block_tables, q_positions, kv_lens, block_m
     kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
     check_runnable(q, block_tables, kv_lens, block_size)
     block_tables, kv_lens = block_tables.contiguous(), kv_lens.contiguous()  # indexed as dense rows
-    tile_n, d_pad, _ = tile_sizes(block_size, head_dim, 1)
+    tile_n, d_pad = tile_sizes(block_size, head_dim)
     block_n = block_n or tile_n
     block_m = block_m or max(MIN_DOT, min(64, triton.next_power_of_2(steps)))
     for name, size in (("block_m", block_m), ("block_n", block_n)):
