@@ -1,6 +1,11 @@
 """The nbgrader metadata linter: every chapter passes it, and each rule catches what it should."""
+import json
+import os
+
+import nbformat
 import pytest
 
+from engine.course import lint
 from engine.course.lint import lint_chapter, main
 from fixtures.course_support import FIXTURE_CHAPTER, real_chapters
 
@@ -49,6 +54,8 @@ def broken(tmp_path, old, new, count=1):
      "# %%", "cell 2: no nbgrader metadata"),
     ('assert triple(4) == 12', 'assert triple(FOUR) == 12',
      "cell test_triple uses FOUR, which no cell of the chapter defines or imports"),
+    ("def double(x):\n    return 2 * x", "def double(x):\n    return 2 * x" + " " * 70 + "# a long comment",
+     "code line 2 is 102 columns (at most 88)"),
 ])
 def test_each_rule_reports_the_broken_cell(tmp_path, old, new, message):
     problems = lint_chapter(broken(tmp_path, old, new))
@@ -77,3 +84,53 @@ def test_names_used_by_included_code_must_be_imported(tmp_path):
     chapter.write_text(text.replace("import matplotlib.pyplot as plt",
                                     "import matplotlib.pyplot as plt\nfrom math import tau"))
     assert not any("uses tau" in problem for problem in lint_chapter(chapter, root=tmp_path))
+
+
+def executed(*cells_and_outputs):
+    """A notebook of code cells with the given outputs (an executed chapter in miniature)."""
+    notebook = nbformat.v4.new_notebook()
+    for outputs, meta in cells_and_outputs:
+        cell = nbformat.v4.new_code_cell("pass", outputs=outputs)
+        cell.metadata["nbgrader"] = meta
+        notebook.cells.append(cell)
+    return notebook
+
+
+TEST = {"grade": True, "solution": False, "locked": True, "points": 1, "grade_id": "test_x", "schema_version": 3}
+PLAIN = {"grade": False, "solution": False, "locked": True, "grade_id": "demo", "schema_version": 3}
+
+
+def test_printed_lines_wider_than_88_columns_are_reported_outside_graded_tests():
+    wide = "x" * 89
+    stream = nbformat.v4.new_output("stream", name="stdout", text=f"fits\n{wide}\n")
+    result = nbformat.v4.new_output("execute_result", data={"text/plain": wide}, execution_count=1)
+    figure = nbformat.v4.new_output("display_data", data={"text/plain": wide, "image/png": "iVBOR"})
+    problems = lint.output_problems(executed(([stream, result, figure], PLAIN), ([stream], TEST)), "ch98.py")
+    assert problems == [f"ch98.py cell 1 (grade_id demo): printed line 2 is 89 columns (at most 88): {wide[:60]!r}",
+                        f"ch98.py cell 1 (grade_id demo): printed line 1 is 89 columns (at most 88): {wide[:60]!r}"]
+
+
+def test_an_explorers_states_are_summed_up_in_one_problem():
+    data = {"texts": ["short\n", "y" * 90 + "\n", "z" * 95 + "\n" + "z" * 91]}
+    page = f'<div class="course-explorer"><script class="course-explorer-data">{json.dumps(data)}</script></div>'
+    output = nbformat.v4.new_output("display_data", data={"text/html": page, "text/plain": "short"})
+    [problem] = lint.output_problems(executed(([output], PLAIN)), "ch98.py")
+    assert "the explorer prints 3 line(s) wider than 88 columns over its states, the widest 95" in problem
+
+
+def test_fenced_code_in_the_text_counts_prose_does_not(tmp_path):
+    cell = nbformat.v4.new_markdown_cell("p" * 120 + "\n\n```python\n" + "c" * 89 + "\n```\n")
+    assert lint.code_lines(cell) == ["c" * 89]
+
+
+def test_the_command_checks_printed_lines_of_executed_chapters_and_skips_stale_ones(tmp_path, capsys):
+    outputs = tmp_path / "executed"
+    outputs.mkdir()
+    stream = nbformat.v4.new_output("stream", name="stdout", text="w" * 100)
+    nbformat.write(executed(([stream], PLAIN)), outputs / f"{FIXTURE_CHAPTER.stem}.ipynb")
+    assert main([str(FIXTURE_CHAPTER), "--outputs", str(outputs)]) == 1
+    assert "printed line 1 is 100 columns" in capsys.readouterr().out
+    stale = FIXTURE_CHAPTER.stat().st_mtime - 10
+    os.utime(outputs / f"{FIXTURE_CHAPTER.stem}.ipynb", (stale, stale))
+    assert main([str(FIXTURE_CHAPTER), "--outputs", str(outputs)]) == 0
+    assert "older than the chapter" in capsys.readouterr().out

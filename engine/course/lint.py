@@ -3,20 +3,31 @@
 A chapter that breaks one would release, but then grade wrongly (a duplicate grade id merges two
 exercises; an unlocked test can be edited; an exercise with no test earns nothing), so the test suite
 lints every chapter in solutions/.
+
+It also keeps the page readable: every line a chapter shows in a code box (its code cells, included
+reference code and stubs, fenced code in its text) fits in WIDTH = 88 columns, and so does every line
+its cells print (outside the graded checks, whose messages wrap), read from the chapter as `make book`
+executed it (build/book/executed/, or --outputs DIR); a chapter whose source is newer than its executed
+copy is not judged on stale outputs.
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import builtins
+import json
+import re
 import symtable
 import sys
 from pathlib import Path
 
 from . import cells
 from .include import IncludeError
-from .paths import chapter_files
+from .paths import chapter_files, chapter_name, repo_root
 from .source import load_chapter
+
+WIDTH = 88  # columns of code the book's text column shows without wrapping (book/_static/course.css)
+FENCE = re.compile(r"^ *(```|~~~)")
 
 
 def lint_chapter(path: Path | str, root: Path | None = None) -> list[str]:
@@ -34,7 +45,7 @@ def lint_chapter(path: Path | str, root: Path | None = None) -> list[str]:
         problems.append(f"{path.name}: the jupytext header needs a kernelspec named python3")
     seen: dict[str, int] = {}
     for index, cell in enumerate(notebook.cells):
-        where = f"{path.name} cell {index + 1}" + (f" (grade_id {cells.grade_id(cell)})" if cells.grade_id(cell) else "")
+        where = f"{path.name} {_where(cell, index)}"
         problems += [f"{where}: {message}" for message in _cell_problems(cell)]
         grade_id = cells.grade_id(cell)
         if grade_id in seen:
@@ -43,6 +54,71 @@ def lint_chapter(path: Path | str, root: Path | None = None) -> list[str]:
             seen[grade_id] = index
     problems += [f"{path.name}: {message}" for message in _ungraded_exercises(notebook.cells)]
     problems += [f"{path.name}: {message}" for message in _undefined_names(notebook.cells)]
+    problems += [f"{path.name} {message}" for message in width_problems(notebook)]
+    return problems
+
+
+def _where(cell, index: int) -> str:
+    return f"cell {index + 1}" + (f" (grade_id {cells.grade_id(cell)})" if cells.grade_id(cell) else "")
+
+
+def _too_wide(lines, where: str, what: str) -> list[str]:
+    return [f"{where}: {what} line {number} is {len(line)} columns (at most {WIDTH}): {line.strip()[:60]!r}"
+            for number, line in enumerate(lines, start=1) if len(line.rstrip()) > WIDTH]
+
+
+def code_lines(cell) -> list[str]:
+    """The lines a cell shows in a code box: a code cell's source, a markdown cell's fenced blocks."""
+    if cell.cell_type == "code":
+        return cell.source.splitlines()
+    shown, fenced = [], False
+    for line in cell.source.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif fenced:
+            shown.append(line)
+    return shown
+
+
+def width_problems(notebook) -> list[str]:
+    """Code lines wider than WIDTH in the chapter (includes expanded: what the book and the lab show)."""
+    return [problem for index, cell in enumerate(notebook.cells)
+            for problem in _too_wide(code_lines(cell), _where(cell, index), "code")]
+
+
+def printed_texts(output) -> list[str]:
+    """The texts an output prints: a stream, a plain-text result (unless a richer form is shown), or an
+    explorer's printed text in each of its states (engine/course/widgets.py)."""
+    if output.get("output_type") == "stream":
+        return [output.get("text", "")]
+    data = output.get("data", {})
+    explorer = re.search(r'class="course-explorer-data">(.*?)</script>', data.get("text/html", ""), re.S)
+    if explorer:
+        return json.loads(explorer.group(1).replace("<\\/", "</"))["texts"]
+    if "text/plain" in data and not {"text/html", "image/png", "image/svg+xml"} & set(data):
+        return [data["text/plain"]]
+    return []
+
+
+def output_problems(executed, name: str) -> list[str]:
+    """Printed lines wider than WIDTH in an executed chapter, outside its graded test cells (a check's
+    message is the checks' to phrase; the lab wraps it, and the learner book does not show it). An
+    explorer's states are summed up in one problem."""
+    problems = []
+    for index, cell in enumerate(executed.cells):
+        if cell.cell_type != "code" or cells.is_test(cell):
+            continue
+        for output in cell.get("outputs", []):
+            texts = printed_texts(output)
+            if len(texts) == 1:
+                problems += _too_wide(texts[0].splitlines(), f"{name} {_where(cell, index)}", "printed")
+                continue
+            wide = [line for text in texts for line in text.splitlines() if len(line.rstrip()) > WIDTH]
+            if wide:
+                widest = max(wide, key=len)
+                problems.append(f"{name} {_where(cell, index)}: the explorer prints {len(wide)} line(s) wider "
+                                f"than {WIDTH} columns over its states, the widest {len(widest)}: "
+                                f"{widest.strip()[:60]!r}")
     return problems
 
 
@@ -172,17 +248,38 @@ def _ungraded_exercises(notebook_cells) -> list[str]:
     return problems
 
 
+def executed_output_problems(paths: list[Path], folder: Path) -> tuple[list[str], list[str]]:
+    """(problems of the printed lines, notes on chapters not checked) for the executed copies in folder."""
+    import nbformat
+
+    problems, notes = [], []
+    for path in paths:
+        executed = folder / f"{chapter_name(path)}.ipynb"
+        if not executed.is_file():
+            notes.append(f"{path.name}: printed lines not checked: no {executed} (run make book)")
+        elif executed.stat().st_mtime < path.stat().st_mtime:
+            notes.append(f"{path.name}: printed lines not checked: {executed} is older than the chapter "
+                         "(run make book)")
+        else:
+            problems += output_problems(nbformat.read(executed, as_version=4), path.name)
+    return problems, notes
+
+
 def main(argv: list[str] | None = None) -> int:
     """Lint the given chapter files (default: all of solutions/); exit 1 if any rule is broken."""
     parser = argparse.ArgumentParser(prog="python -m engine.course.lint", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapters", nargs="*", type=Path, help="chapter sources (default: solutions/ch*.py)")
-    paths = parser.parse_args(argv).chapters or chapter_files()
+    parser.add_argument("--outputs", type=Path, default=repo_root() / "build" / "book" / "executed",
+                        help="the chapters as make book executed them (default: build/book/executed)")
+    args = parser.parse_args(argv)
+    paths = args.chapters or chapter_files()
     problems = [problem for path in paths for problem in lint_chapter(path)]
-    for problem in problems:
-        print(problem)
-    print(f"{len(paths)} chapter(s), {len(problems)} problem(s)")
-    return 1 if problems else 0
+    printed, notes = executed_output_problems(paths, args.outputs)
+    for line in problems + printed + notes:
+        print(line)
+    print(f"{len(paths)} chapter(s), {len(problems) + len(printed)} problem(s)")
+    return 1 if problems or printed else 0
 
 
 if __name__ == "__main__":
