@@ -87,6 +87,12 @@ book-pdf: setup
 bench: setup
 	$(PY) -m engine bench
 
+# On a GPU machine (no setup: it may have no network): compiled kernel tests, decode bandwidth, the engine
+# on CUDA, every chapter notebook; one JSON, OUT=file or folder (default $$OUT/ or build/gpu_check.json).
+.PHONY: gpu-check
+gpu-check:
+	bash engine/attention/gpu_check.sh $(OUT)
+
 # Re-resolve constraints.txt from requirements.txt (needs the registry).
 lock:
 	rm -rf /tmp/pkv-lock && $(PYTHON) -m venv /tmp/pkv-lock

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The paged attention kernels on a real GPU, in one prepared run (a few minutes):
+# Everything that needs a real GPU, in one prepared run (about 5-10 minutes on an H100/H200), one JSON:
 #   1. the `gpu` tests of tests/test_kernels.py, compiled (not interpreted) at Qwen3-like shapes;
-#   2. the decode bandwidth benchmark (JSON lines); extra arguments go to it, e.g. --peak-gbs 3350.
-# Usage, from anywhere on a machine with CUDA:  bash engine/attention/gpu_check.sh
-set -euo pipefail
+#   2. bench_decode at batch 64 x contexts 1k/4k/16k fp16: paged Triton vs contiguous SDPA, GB/s, fraction of peak;
+#   3. python -m engine bench --device cuda --model-config qwen3-0.6b (paged vs Max tokens/s);
+#   4. every chapter's solution notebook executed on the GPU, each timed.
+# Usage, from anywhere:  bash engine/attention/gpu_check.sh [OUT.json | folder] [--parts tests,decode,...]
+# Without a path it writes $OUT/gpu_check.json, or build/gpu_check.json. A failing part is recorded and the
+# next one runs; without CUDA the GPU parts are recorded as skipped (python -m engine.attention.gpu_check --help).
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 [ -x "$PY" ] || PY=python3
 unset TRITON_INTERPRET  # compile the kernels; the interpreter is for machines without a GPU
-"$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device here')"
-"$PY" -c "import torch, triton; print('gpu_check:', torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
-"$PY" -m pytest -m gpu tests/test_kernels.py -q -p no:cacheprovider
-"$PY" -m engine.attention.bench_decode "$@"
+args=()
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then args=(--out "$1"); shift; fi
+exec "$PY" -m engine.attention.gpu_check "${args[@]}" "$@"
