@@ -556,3 +556,75 @@ def test_gpu_prefill_compiles_and_matches(dtype):
     out = paged_prefill(q, k_pool, v_pool, tables, positions, kv_lens)
     expected = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
     assert_close(out, expected, dtype, rows=positions >= 0)
+
+
+def gpu_config_cases():
+    from engine.attention.decode_config import candidates
+    return candidates("float16", 128, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_gpu_every_candidate_config_compiles_and_matches(dtype):
+    """Every config the tuner may pick, unsplit and split, at Qwen3-0.6B's shapes."""
+    q, k_pool, v_pool, tables, kv_lens = qwen3_like_batch([1, 15, 16, 17, 33, 1000, 4097], dtype)
+    positions = decode_positions(kv_lens)
+    expected = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
+    for config in gpu_config_cases():
+        for splits in (1, 4):
+            out = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens, num_splits=splits, config=config)
+            assert_close(out, expected, dtype)
+    tuned = paged_decode(q, k_pool, v_pool, tables, positions, kv_lens, tune=True)
+    assert_close(tuned, expected, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_gpu_decode_compiles_once_while_batches_and_tables_change():
+    """Batch size, table width and split count change every engine step; none of them may cost a compile."""
+    from engine.attention.triton_decode import merge_splits_kernel, paged_decode_grouped_kernel
+
+    def compiled():
+        return sum(len(caches[0]) for kernel in (paged_decode_grouped_kernel, merge_splits_kernel)
+                   for caches in kernel.device_caches.values())
+
+    def step(lens, splits):
+        q, k_pool, v_pool, tables, kv_lens = qwen3_like_batch(lens, torch.float16)
+        paged_decode(q, k_pool, v_pool, tables, decode_positions(kv_lens), kv_lens, num_splits=splits)
+
+    step([5], 1)
+    step([40, 70], 2)
+    before = compiled()
+    for lens, splits in (([1], 1), ([17, 300, 2], 1), ([16] * 16, 1), ([33] * 5, 1), ([250, 1], 3),
+                         ([1000] * 3, 16), ([5, 6, 7, 8], 5)):
+        step(lens, splits)
+    assert compiled() == before
+
+
+@needs_triton
+def test_engine_decodes_through_the_kernels_as_from_scratch():
+    """The tiny model (fp32) through the paged cache's Triton kernels, prefill and decode steps, gives the
+    from-scratch logits for prompts of bs-1, bs, bs+1 and 2bs+1 tokens: compiled on a GPU (20 steps),
+    in the interpreter on a CPU (8 steps, a few seconds)."""
+    from engine.cache.paged import PagedKVCache
+    from engine.checkpoint import tiny_model
+    from engine.generate import cached_step, scratch_logits
+    from engine.seeded import seeded_tokens
+    model = tiny_model(seed=0).to(DEVICE)
+    lens = [BS - 1, BS, BS + 1, 2 * BS + 1]
+    cache = PagedKVCache(model.config, 64, block_size=BS, device=DEVICE, attention="triton")
+    prompts = [seeded_tokens(n, seed=n) for n in lens]
+    seqs = list(range(len(lens)))
+    for seq in seqs:
+        cache.create(seq)
+    cached_step(model, cache, seqs, prompts)
+    tokens, got = [list(p) for p in prompts], [[] for _ in lens]
+    for t in range(20 if HAS_CUDA else 8):
+        new = [[seeded_tokens(1, seed=100 * t + s)[0]] for s in seqs]
+        for s, row in enumerate(cached_step(model, cache, seqs, new)):
+            got[s].append(row[-1])
+            tokens[s] += new[s]
+    want = scratch_logits(model, tokens)
+    for s, n in enumerate(lens):
+        torch.testing.assert_close(torch.stack(got[s]), want[s][n:], atol=1e-4, rtol=1e-4)
