@@ -41,6 +41,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              joint: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rope on q and k. `joint` rotates them as one tensor (the same numbers, as views): on a GPU,
+    where each op is a kernel launch, that is 7 launches fewer per layer; on a CPU it measured no faster,
+    and separate calls keep q contiguous for the fused attention."""
+    if not joint:
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    qk = apply_rope(torch.cat([q, k], dim=1), cos, sin)
+    return qk[:, :q.shape[1]], qk[:, q.shape[1]:]
+
+
 def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary position embedding of x [B, H, T, D] at positions [B, T] (the half-split convention)."""
     return apply_rope(x, *rope_angles(positions, x.shape[-1], theta))
@@ -66,7 +77,7 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(batch, tokens, cfg.num_kv_heads, cfg.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(batch, tokens, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         cos, sin = rope if rope is not None else rope_angles(positions, cfg.head_dim, cfg.rope_theta)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = rotate_qk(q, k, cos, sin, joint=q.is_cuda)
         if cache is None:                      # from scratch: the batch is the whole history
             out = attention(q, k, v, positions, (positions >= 0).sum(-1))
         elif hasattr(cache, "attend"):         # the cache brings its own attention (e.g. a paged kernel)
