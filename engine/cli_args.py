@@ -26,6 +26,7 @@ The names below are used by other modules (engine/attention/bench_decode.py amon
     Ordered                   action for nargs=2 MIN MAX: refuses MIN > MAX
     Distinct                  action for nargs="+": refuses a value given twice
     check_memory(nbytes, what)  InputError when `what` needs more than half this machine's memory
+    FIGURE_SUFFIXES           what matplotlib writes, for output_file(*FIGURE_SUFFIXES)
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from engine.errors import InputError
 
 SEED_MAX = 2 ** 63 - 1          # torch.Generator takes up to 2**64 - 1; seed + i must stay below it
 GIB = 1024 ** 3
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".webp", ".eps", ".ps", ".tif", ".tiff")
 
 
 class Parser(argparse.ArgumentParser):
@@ -181,12 +183,14 @@ def machine_memory() -> int | None:
         return None
 
 
-def check_memory(nbytes: float, what: str, fraction_of_machine: float = 0.5) -> None:
+def check_memory(nbytes: float, what: str, fraction_of_machine: float = 0.5, total: int | None = None) -> None:
     """Refuse, before allocating anything, a run whose `what` needs more than half the machine's memory.
 
-    `what` names the options that set the size (e.g. "--slots 12 x --max-len 512 tokens of KV").
+    `what` names the options that set the size (e.g. "--slots 12 x --max-len 512 tokens of KV");
+    `total` is the memory to compare with (a GPU's), by default this machine's.
     """
-    total = machine_memory()
+    where = "this machine's" if total is None else "the device's"
+    total = machine_memory() if total is None else total
     if total is not None and nbytes > fraction_of_machine * total:
-        raise InputError(f"{what} need {nbytes / GIB:,.1f} GiB, more than {fraction_of_machine:.0%} of this "
-                         f"machine's {total / GIB:,.1f} GiB of memory: lower them")
+        raise InputError(f"{what} need {nbytes / GIB:,.1f} GiB, more than {fraction_of_machine:.0%} of {where} "
+                         f"{total / GIB:,.1f} GiB of memory: lower them")

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from engine.__main__ import main as cli
 from engine.serve import bench, simulate
 from engine.serve.contiguous import ContiguousKVCache
 from engine.serve.simulate import GPUS, BookkeepingPagedCache, Roofline, load_config
@@ -47,11 +48,9 @@ def test_simulation_parses_and_labels_itself(capsys):
 
 
 def test_a_model_too_big_for_the_gpu_is_a_clear_error(capsys):
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    assert bench.main(parser.parse_args(["--simulate", "llama-3-8b", "--gpu", "laptop-8GB"])) == 2
+    assert cli(["bench", "--simulate", "llama-3-8b", "--gpu", "laptop-8GB"]) == 2
     err = capsys.readouterr().err
-    assert "llama-3-8b does not fit on laptop-8GB: weights 15.0 GiB" in err
+    assert err.startswith("error: llama-3-8b does not fit on laptop-8GB: weights 15.0 GiB")
 
 
 def test_prefix_mode_saves_prefill(capsys):
@@ -184,8 +183,8 @@ def test_model_config_on_cpu(capsys, tmp_path):
 
 @pytest.mark.skipif(bench.torch.cuda.is_available(), reason="checks the message when CUDA is absent")
 def test_device_cuda_without_cuda_is_a_clear_error(capsys):
-    assert bench.main(parse("--device", "cuda", "--requests", "2")) == 2
-    assert "--device cuda: no CUDA device is available here" in capsys.readouterr().err
+    assert cli(["bench", "--device", "cuda", "--requests", "2"]) == 2
+    assert capsys.readouterr().err.startswith("error: --device cuda: no CUDA device is available here")
 
 
 def test_gpu_names_map_to_the_roofline_table():

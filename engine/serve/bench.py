@@ -25,6 +25,7 @@ import sys
 
 import torch
 
+from engine.errors import InputError
 from engine.sampling import SamplingParams
 from engine.serve.bench_setup import KINDS, Setup
 from engine.serve.engine import Engine
@@ -40,46 +41,88 @@ REPORTED = ("concurrent_peak", "concurrent_mean", "concurrent_mean_saturated", "
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The bench's options; every default is the documented workload (CPU defaults in brackets)."""
-    parser.add_argument("--requests", type=int, default=None,
-                        help="requests [256; simulated: 256, or twice what the paged pool holds "
-                             "if more, which takes minutes for an 80 GB GPU]")
+    """The bench's options; every default is the documented workload (CPU defaults in brackets).
+
+    Each value is checked by its type as it is parsed, the options together by `check_args`, and what
+    they imply for the model and the budget by Setup.check, all before anything runs.
+    """
+    from engine import cli_args as check
+    from engine.serve.simulate import GPUS
+    parser.epilog = ("Limits: lengths, --slots, --block-size, --token-budget and --system-len are whole numbers "
+                     ">= 1, MIN <= MAX; --scale and --request-rate finite numbers > 0. The longest request must "
+                     "fit the model's context and every policy's share of the KV budget, and a real run must "
+                     "fit in half the memory. A bad input prints one 'error: ...' line and exits with status 2.")
+    parser.add_argument("--requests", type=check.int_in(1, MAX_REQUESTS), default=None,
+                        help=f"requests, 1 to {MAX_REQUESTS:,} [256 (--prefix: 64); simulated: 256, or twice "
+                             "what the paged pool holds if more, which takes minutes for an 80 GB GPU]")
     parser.add_argument("--workload", choices=("uniform",) + tuple(MIXES), default="uniform",
                         help="uniform: --prompt-len/--output-len; sharegpt/alpaca: synthetic lognormal "
                              "lengths with the vLLM paper's means (ShareGPT 161 in/338 out, output-heavy; "
-                             "Alpaca 19 in/58 out), pairs longer than --max-len redrawn")
-    parser.add_argument("--request-rate", type=float, default=None, metavar="REQ_PER_S",
-                        help="Poisson arrivals at this rate on the engine clock [all requests at time 0]")
-    parser.add_argument("--prompt-len", type=int, nargs=2, default=(20, 500), metavar=("MIN", "MAX"),
-                        help="prompt tokens, uniform (before --scale)")
-    parser.add_argument("--output-len", type=int, nargs=2, default=(10, 200), metavar=("MIN", "MAX"),
-                        help="output tokens, uniform (before --scale); EOS is ignored")
-    parser.add_argument("--scale", type=float, default=None,
-                        help="multiply the capacity workload's lengths and --max-len "
+                             "Alpaca 19 in/58 out), pairs longer than --max-len redrawn (--max-len must be at "
+                             "least the mean pair)")
+    parser.add_argument("--request-rate", type=check.positive_float, default=None, metavar="REQ_PER_S",
+                        help="Poisson arrivals at this rate (> 0) on the engine clock [all requests at time 0]")
+    parser.add_argument("--prompt-len", type=check.positive_int, nargs=2, default=(20, 500), metavar=("MIN", "MAX"),
+                        action=check.Ordered, help="prompt tokens, uniform (before --scale); 1 <= MIN <= MAX")
+    parser.add_argument("--output-len", type=check.positive_int, nargs=2, default=(10, 200), metavar=("MIN", "MAX"),
+                        action=check.Ordered, help="output tokens, uniform (before --scale); EOS is ignored; "
+                                                   "1 <= MIN <= MAX")
+    parser.add_argument("--scale", type=check.positive_float, default=None,
+                        help="multiply the capacity workload's lengths and --max-len (> 0; a length is at least 1) "
                              "[0.5 on CPU, 1 simulated or on CUDA]; the --prefix workload is not scaled")
-    parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
-    parser.add_argument("--max-len", type=int, default=1024, help="the Max policy's slot length")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per paged block")
-    parser.add_argument("--slots", type=int, default=12,
-                        help="real-run KV budget in Max slots: bytes = slots * max-len * KV bytes per token")
-    parser.add_argument("--token-budget", type=int, default=None,
-                        help="tokens per step [256 on CPU; 8192 simulated or on CUDA]")
-    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
-                        help="which reservation policies to run")
+    parser.add_argument("--seed", type=check.seed, default=0, help="the workload's seed (0 to 2**63 - 1)")
+    parser.add_argument("--max-len", type=check.positive_int, default=1024,
+                        help="the Max policy's slot length (>= 1; at least the longest request)")
+    parser.add_argument("--block-size", type=check.positive_int, default=16,
+                        help="tokens per paged block (>= 1; the paged pool must hold the longest request)")
+    parser.add_argument("--slots", type=check.positive_int, default=12,
+                        help="real-run KV budget in Max slots (>= 1): bytes = slots * max-len * KV bytes per token")
+    parser.add_argument("--token-budget", type=check.positive_int, default=None,
+                        help="tokens per step (>= 1) [256 on CPU; 8192 simulated or on CUDA]")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), action=check.Distinct,
+                        help="which reservation policies to run (each once)")
     parser.add_argument("--prefix", action="store_true",
-                        help="shared-system-prompt workload, prefix caching on vs off")
-    parser.add_argument("--system-len", type=int, default=256, help="--prefix: shared prompt tokens")
+                        help="shared-system-prompt workload, prefix caching on vs off (all requests at time 0)")
+    parser.add_argument("--system-len", type=check.positive_int, default=256,
+                        help="--prefix: shared prompt tokens (>= 1)")
     parser.add_argument("--simulate", metavar="CONFIG", help="a config.json path or name in engine/configs")
-    parser.add_argument("--gpu", default=None,
-                        help="GPU of the roofline: H100-80GB, H200, A100-80GB (A100), A100-40GB, laptop-8GB "
-                             "[--simulate: H100-80GB; --device cuda: the detected card]")
+    parser.add_argument("--gpu", default=None, choices=list(GPUS),
+                        help="GPU of the roofline, with --simulate or --device cuda [--simulate: H100-80GB; "
+                             "--device cuda: the detected card]")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the real (not simulated) run executes")
     parser.add_argument("--model-config", metavar="CONFIG", default=None,
                         help="real run: a model of this config's shape with random weights (e.g. qwen3-0.6b) "
                              "[the tiny model cut to 1 layer and 2 heads]")
-    parser.add_argument("--plot", metavar="PATH", help="save KV fill and batch size over time")
+    parser.add_argument("--plot", metavar="PATH", type=check.output_file(*check.FIGURE_SUFFIXES),
+                        help="save KV fill and batch size over time (its folder must exist; .png, .pdf, .svg, ...)")
     parser.add_argument("--quiet", action="store_true", help="no tqdm bars on stderr")
+
+
+MAX_REQUESTS = 100_000      # a million requests' prompts alone would fill gigabytes before the first step
+
+
+def check_args(args) -> None:
+    """Refuse options that contradict each other (each value was checked as it was parsed).
+
+    An option the chosen mode ignores would be silently dropped, so it is refused instead.
+    """
+    def refuse(message):
+        raise InputError(message)
+    if args.prefix and args.request_rate is not None:
+        refuse(f"--request-rate {args.request_rate:g} does not apply to --prefix, which adds every request at "
+               "time 0: drop one of them")
+    if args.prefix and args.workload != "uniform":
+        refuse(f"--workload {args.workload} does not apply to --prefix, which serves its own shared-prompt "
+               "workload: drop one of them")
+    if args.simulate and args.device != "cpu":
+        refuse(f"--simulate models a GPU with a roofline clock; --device {args.device} is for a real run: drop one")
+    if args.simulate and args.model_config:
+        refuse(f"--simulate {args.simulate} already names the model; --model-config {args.model_config} is for a "
+               "real run: drop one")
+    if args.gpu and not args.simulate and args.device != "cuda":
+        refuse(f"--gpu {args.gpu} names the card of a simulation (--simulate) or of a real run's prediction "
+               "(--device cuda); a CPU run has none: drop it")
 
 
 def serve(engine: Engine, workload, progress: bool | None, desc: str = "requests",
@@ -106,11 +149,7 @@ def capacity_workload(setup: Setup, args):
         prompt_mean, output_mean = sum(setup.prompt_len) / 2, sum(setup.output_len) / 2
     else:
         prompt_mean, output_mean = (m * setup.scale for m in MIXES[args.workload])
-    requests = args.requests or 256
-    if setup.simulated and not args.requests:
-        # Enough requests to keep a big pool full for most of the run, or nothing binds.
-        live = prompt_mean + output_mean / 2 + args.block_size / 2
-        requests = max(256, 2 * int(setup.budget // setup.bytes_per_token / live))
+    requests = setup.requests()
     if args.workload == "uniform":
         workload = make_workload(requests, args.seed, setup.prompt_len, setup.output_len)
         shape = {"prompt_len": list(setup.prompt_len), "output_len": list(setup.output_len)}
@@ -184,7 +223,7 @@ def capacity(setup: Setup, args) -> dict:
 
 def prefix(setup: Setup, args) -> dict:
     """Prefix mode: the same shared-prompt requests on the paged cache, prefix caching on and off."""
-    requests = args.requests or 64
+    requests = setup.requests()
     workload = make_prefix_workload(requests, args.seed, args.system_len)
     runs, metrics = {}, {}
     for name, enabled in (("prefix_on", True), ("prefix_off", False)):
@@ -204,14 +243,12 @@ def prefix(setup: Setup, args) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the chosen mode; one JSON line on stdout, a short summary on stderr."""
-    try:
-        setup = Setup(args)
-        if args.request_rate is not None and args.request_rate <= 0:
-            raise ValueError(f"--request-rate must be positive, got {args.request_rate}")
-    except (ValueError, FileNotFoundError) as error:     # no CUDA, a model that does not fit, a bad config
-        print(f"bench: {error}", file=sys.stderr)
-        return 2
+    """Run the chosen mode; one JSON line on stdout, a short summary on stderr.
+
+    Bad options raise InputError before anything runs (`python -m engine` prints it in one line).
+    """
+    check_args(args)
+    setup = Setup(args)                   # checks what the options imply, then builds the model
     result = prefix(setup, args) if args.prefix else capacity(setup, args)
     print(json.dumps(result), file=sys.stdout, flush=True)
     print("\n".join(summary_lines(result)), file=sys.stderr, flush=True)

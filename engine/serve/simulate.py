@@ -26,6 +26,7 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.config import ModelConfig, known_config
+from engine.errors import InputError
 
 GIB = 1024 ** 3
 
@@ -89,7 +90,7 @@ class Roofline:
         """KV memory left on the GPU: a fraction of it, minus weights and an activation reserve."""
         budget = self.gpu.memory_gb * 1e9 * memory_fraction - self.weight_bytes - activation_gib * GIB
         if budget <= 0:
-            raise ValueError(f"{self.config_name()} does not fit on {self.gpu.name}: weights "
+            raise InputError(f"{self.config_name()} does not fit on {self.gpu.name}: weights "
                              f"{self.weight_bytes / GIB:.1f} GiB + {activation_gib} GiB activations > "
                              f"{memory_fraction:.0%} of {self.gpu.memory_gb} GB")
         return int(budget)
