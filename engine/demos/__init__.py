@@ -9,6 +9,9 @@ import json
 
 import torch
 
+from engine.cli_args import check_memory
+from engine.errors import InputError
+
 
 def emit(result: dict) -> dict:
     """Print a demo's result as one JSON line (what the tests parse) and hand it back."""
@@ -19,3 +22,19 @@ def emit(result: dict) -> dict:
 def max_abs_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     """The largest absolute difference between matching logits tensors."""
     return max(float((g - w).abs().max()) for g, w in zip(got, want))
+
+
+def check_tiny_run(options: str, rows: int, length: int, cache_tokens: int) -> None:
+    """Refuse, before the tiny model is built, a demo whose sequences pass its trained context or whose
+    from-scratch reference (`rows` sequences of `length` tokens) and cache would fill half the memory.
+
+    `options` names the options that set the sizes, for the message.
+    """
+    from engine.checkpoint import tiny_config
+    config = tiny_config()
+    context = config.max_position_embeddings
+    if length > context:
+        raise InputError(f"{options}: sequences of {length} tokens, past the tiny model's trained context of "
+                         f"{context} (max_position_embeddings): lower them")
+    scores = rows * config.num_heads * length ** 2 * 4 * 3      # from-scratch scores, mask and softmax
+    check_memory(scores + cache_tokens * config.kv_bytes_per_token(torch.float32), options)

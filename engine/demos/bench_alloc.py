@@ -49,13 +49,25 @@ def time_pool(num_blocks: int, ops: int, repeats: int) -> tuple[float, float]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Operations per pool size and how many repeats to take the best of."""
-    parser.add_argument("--ops", type=int, default=20_000, help="allocate/release pairs per pool size")
-    parser.add_argument("--repeats", type=int, default=7, help="timed rounds per pool size; the best is kept")
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(POOL_SIZES), help="pool sizes in blocks")
+    from engine import cli_args as check
+    parser.epilog = (f"Limits: --ops 1 to {MAX_OPS:,}, --repeats 1 to {MAX_REPEATS:,}, each size 1 to "
+                     f"{MAX_BLOCKS:,} blocks, given once. A bad input prints one 'error: ...' line and exits "
+                     "with status 2.")
+    parser.add_argument("--ops", type=check.int_in(1, MAX_OPS), default=20_000,
+                        help=f"allocate/release pairs per pool size (1 to {MAX_OPS:,})")
+    parser.add_argument("--repeats", type=check.int_in(1, MAX_REPEATS), default=7,
+                        help=f"timed rounds per pool size; the best is kept (1 to {MAX_REPEATS:,})")
+    parser.add_argument("--sizes", type=check.int_in(1, MAX_BLOCKS), nargs="+", default=list(POOL_SIZES),
+                        action=check.Distinct, help=f"pool sizes in blocks (1 to {MAX_BLOCKS:,}, each once)")
+
+
+MAX_OPS, MAX_REPEATS, MAX_BLOCKS = 100_000_000, 1_000, 100_000_000   # 100M blocks: about 6 GB of free list
 
 
 def main(args: argparse.Namespace) -> int:
     """Print ns per allocate and per release for each pool size, and the spread across sizes."""
+    from engine.cli_args import check_memory
+    check_memory(64 * max(args.sizes), f"--sizes {max(args.sizes)} blocks (a free list and a refcount each)")
     allocate_ns, release_ns = {}, {}
     for size in args.sizes:
         allocate_ns[str(size)], release_ns[str(size)] = (round(t) for t in time_pool(size, args.ops, args.repeats))

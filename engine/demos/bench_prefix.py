@@ -70,12 +70,24 @@ def time_evict(entries: int, rounds: int) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Cache sizes and how many timed rounds to take the best of."""
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="cache sizes in entries")
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per size; the best is kept")
+    from engine import cli_args as check
+    parser.epilog = (f"Limits: each size 2 to {MAX_ENTRIES:,} entries (half held, half evictable), given once; "
+                     f"--rounds 1 to {MAX_ROUNDS:,}. A bad input prints one 'error: ...' line and exits with "
+                     "status 2.")
+    parser.add_argument("--sizes", type=check.int_in(2, MAX_ENTRIES), nargs="+", default=list(SIZES),
+                        action=check.Distinct, help=f"cache sizes in entries (2 to {MAX_ENTRIES:,}, each once)")
+    parser.add_argument("--rounds", type=check.int_in(1, MAX_ROUNDS), default=7,
+                        help=f"timed rounds per size; the best is kept (1 to {MAX_ROUNDS:,})")
+
+
+MAX_ENTRIES, MAX_ROUNDS = 10_000_000, 1_000     # 10M entries: about 4 GB and two minutes to fill
+BYTES_PER_ENTRY = 400                            # measured: a 1M-entry cache takes about 370 MB
 
 
 def main(args: argparse.Namespace) -> int:
     """Print ns per evicted block for each cache size, and the spread across sizes."""
+    from engine.cli_args import check_memory
+    check_memory(BYTES_PER_ENTRY * max(args.sizes), f"--sizes {max(args.sizes)} entries")
     evict_ns = {str(size): round(time_evict(size, args.rounds)) for size in args.sizes}
     spread = max(evict_ns.values()) / max(1, min(evict_ns.values()))
     emit({"entries": list(args.sizes), "held_fraction": 0.5, "blocks_per_round": BATCH,

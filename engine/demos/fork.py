@@ -11,7 +11,7 @@ import argparse
 from engine.cache.paged import PagedKVCache
 from engine.cache.slots import blocks_needed
 from engine.checkpoint import tiny_model
-from engine.demos import emit, max_abs_diff
+from engine.demos import check_tiny_run, emit, max_abs_diff
 from engine.seeded import seeded_tokens
 from engine.generate import cached_step, scratch_logits
 
@@ -19,7 +19,9 @@ from engine.generate import cached_step, scratch_logits
 def run(prompt_tokens: int = 40, forks: int = 4, block_size: int = 16, seed: int = 0) -> dict:
     """Prefill a prompt through the real PagedKVCache and the tiny model, fork it, let each fork write once."""
     model = tiny_model(seed=seed)
-    cache = PagedKVCache(model.config, num_blocks=64, block_size=block_size)
+    # Room for the prompt, and for one block per fork: a copy of the shared last block, or a new one.
+    num_blocks = max(64, blocks_needed(prompt_tokens, block_size) + forks)
+    cache = PagedKVCache(model.config, num_blocks=num_blocks, block_size=block_size)
     prompt = seeded_tokens(prompt_tokens, seed)
     parent, children = 0, list(range(1, forks + 1))
     cache.create(parent)
@@ -44,13 +46,25 @@ def run(prompt_tokens: int = 40, forks: int = 4, block_size: int = 16, seed: int
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Prompt length, number of forks, block size and seed."""
-    parser.add_argument("--prompt-tokens", type=int, default=40, help="length of the shared prompt")
-    parser.add_argument("--forks", type=int, default=4, help="children forked from the prompt")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the tokens")
+    from engine import cli_args as check
+    parser.epilog = ("Limits: whole numbers >= 1 (--forks at most 256, --seed 0 to 2**63 - 1); the prompt plus "
+                     "one token must fit the tiny model's 4,096-token context, and the run half the memory. "
+                     "A bad input prints one 'error: ...' line and exits with status 2.")
+    parser.add_argument("--prompt-tokens", type=check.positive_int, default=40,
+                        help="length of the shared prompt (>= 1; + 1 within the 4,096-token context)")
+    parser.add_argument("--forks", type=check.int_in(1, MAX_FORKS), default=4,
+                        help=f"children forked from the prompt (1 to {MAX_FORKS})")
+    parser.add_argument("--block-size", type=check.positive_int, default=16, help="tokens per block (>= 1)")
+    parser.add_argument("--seed", type=check.seed, default=0, help="seed of the model and the tokens (0 to 2**63 - 1)")
+
+
+MAX_FORKS = 256
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the fork demo's block counts as one JSON object."""
+    blocks = max(64, blocks_needed(args.prompt_tokens, args.block_size) + args.forks)
+    check_tiny_run(f"--prompt-tokens {args.prompt_tokens} + 1, --forks {args.forks}, --block-size {args.block_size}",
+                   args.forks, args.prompt_tokens + 1, blocks * args.block_size)
     emit(run(args.prompt_tokens, args.forks, args.block_size, args.seed))
     return 0

@@ -16,6 +16,7 @@ from engine.cache.slots import blocks_needed
 from engine.cache.static import StaticKVCache
 from engine.checkpoint import tiny_config
 from engine.demos import emit
+from engine.errors import InputError
 from engine.generate import pack
 
 SWEEP_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -87,18 +88,48 @@ def plot_sweep(sweep: list[dict], path: str) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The workload: how many requests, their length range, the static slot and the block size."""
-    parser.add_argument("--requests", type=int, default=32, help="live requests")
-    parser.add_argument("--min-tokens", type=int, default=20, help="shortest request, in tokens")
-    parser.add_argument("--max-tokens", type=int, default=500, help="longest request, in tokens")
-    parser.add_argument("--capacity", type=int, default=1024, help="tokens per static slot")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per paged block")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the request lengths")
+    from engine import cli_args as check
+    parser.epilog = ("Limits: whole numbers >= 1 (--requests at most 100,000, --seed 0 to 2**63 - 1); "
+                     "--min-tokens <= --max-tokens <= --capacity; the caches must fit in half the memory; "
+                     "--out's folder must exist. A bad input prints one 'error: ...' line and exits with status 2.")
+    parser.add_argument("--requests", type=check.int_in(1, MAX_REQUESTS), default=32,
+                        help=f"live requests (1 to {MAX_REQUESTS:,})")
+    parser.add_argument("--min-tokens", type=check.positive_int, default=20,
+                        help="shortest request, in tokens (1 to --max-tokens)")
+    parser.add_argument("--max-tokens", type=check.positive_int, default=500,
+                        help="longest request, in tokens (--min-tokens to --capacity)")
+    parser.add_argument("--capacity", type=check.positive_int, default=1024,
+                        help="tokens per static slot (at least --max-tokens: a slot holds any request)")
+    parser.add_argument("--block-size", type=check.positive_int, default=16, help="tokens per paged block (>= 1)")
+    parser.add_argument("--seed", type=check.seed, default=0, help="seed of the request lengths (0 to 2**63 - 1)")
     parser.add_argument("--sweep", action="store_true", help="also sweep block sizes 1..128 and plot")
-    parser.add_argument("--out", default="paged_sweep.png", help="where --sweep writes its PNG")
+    parser.add_argument("--out", default="paged_sweep.png", type=check.output_file(*check.FIGURE_SUFFIXES),
+                        help="where --sweep writes its figure (its folder must exist; .png, .pdf, .svg, ...)")
+
+
+MAX_REQUESTS = 100_000
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse lengths that contradict each other, or caches too big for this machine, before storing any."""
+    from engine.cli_args import check_memory
+    if args.min_tokens > args.max_tokens:
+        raise InputError(f"--min-tokens {args.min_tokens} is greater than --max-tokens {args.max_tokens}: give "
+                         "--min-tokens <= --max-tokens")
+    if args.max_tokens > args.capacity:
+        raise InputError(f"--max-tokens {args.max_tokens} is greater than --capacity {args.capacity}: a static "
+                         "slot must hold the longest request; give --capacity >= --max-tokens")
+    per_token = data_only_config().kv_bytes_per_token(torch.float32)
+    widest = max(args.block_size, max(SWEEP_BLOCK_SIZES) if args.sweep else 1)
+    tokens = args.requests * (args.capacity + args.max_tokens + widest)      # static slots + the paged pool
+    check_memory(tokens * per_token + args.requests * args.max_tokens * 64,  # + the batch written at once
+                 f"--requests {args.requests} x (--capacity {args.capacity} + --max-tokens {args.max_tokens} + "
+                 f"--block-size {args.block_size}) tokens")
 
 
 def main(args: argparse.Namespace) -> int:
     """Print static vs paged accounting for the same requests as one JSON object."""
+    check_args(args)
     lengths = request_lengths(args.requests, args.min_tokens, args.max_tokens, args.seed)
     static, paged = static_figures(lengths, args.capacity), paged_figures(lengths, args.block_size)
     result = {"requests": len(lengths), "tokens_stored": paged["tokens_stored"],

@@ -12,7 +12,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.cache.slots import blocks_needed
 from engine.checkpoint import tiny_model
-from engine.demos import emit, max_abs_diff
+from engine.demos import check_tiny_run, emit, max_abs_diff
 from engine.seeded import seeded_tokens
 from engine.generate import cached_step, scratch_logits
 
@@ -45,14 +45,26 @@ def run(requests: int = 8, system_tokens: int = 96, own_tokens: int = 8, block_s
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """How many requests, the shared and own prompt lengths, block size and seed."""
-    parser.add_argument("--requests", type=int, default=8, help="requests served one after another")
-    parser.add_argument("--system-tokens", type=int, default=96, help="the shared system prompt")
-    parser.add_argument("--own-tokens", type=int, default=8, help="tokens each request adds")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the tokens")
+    from engine import cli_args as check
+    parser.epilog = ("Limits: whole numbers >= 1 (--own-tokens >= 0, --requests at most 1,024, --seed 0 to "
+                     "2**63 - 1); a prompt must fit the tiny model's 4,096-token context, and the run half the "
+                     "memory. A bad input prints one 'error: ...' line and exits with status 2.")
+    parser.add_argument("--requests", type=check.int_in(1, MAX_REQUESTS), default=8,
+                        help=f"requests served one after another (1 to {MAX_REQUESTS:,})")
+    parser.add_argument("--system-tokens", type=check.positive_int, default=96, help="the shared system prompt (>= 1)")
+    parser.add_argument("--own-tokens", type=check.nonneg_int, default=8, help="tokens each request adds (>= 0)")
+    parser.add_argument("--block-size", type=check.positive_int, default=16, help="tokens per block (>= 1)")
+    parser.add_argument("--seed", type=check.seed, default=0, help="seed of the model and the tokens (0 to 2**63 - 1)")
+
+
+MAX_REQUESTS = 1024
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the prefix demo's prefill and block counts as one JSON object."""
+    length = args.system_tokens + args.own_tokens
+    check_tiny_run(f"--requests {args.requests} x (--system-tokens {args.system_tokens} + --own-tokens "
+                   f"{args.own_tokens}), --block-size {args.block_size}", args.requests, length,
+                   args.requests * blocks_needed(length, args.block_size) * args.block_size)
     emit(run(args.requests, args.system_tokens, args.own_tokens, args.block_size, args.seed))
     return 0

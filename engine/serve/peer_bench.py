@@ -18,25 +18,71 @@ import time
 
 import torch
 
+from engine.errors import InputError
+
 WORKLOADS = ("batched", "single", "sharegpt")
+VOCAB, CONTEXT = 1024, 4096         # the random Qwen3's vocabulary and trained context (max_position_embeddings)
+MAX_THREADS = 256
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    parser.add_argument("--hidden", type=int, default=256, help="hidden size of the random Qwen3")
-    parser.add_argument("--layers", type=int, default=4, help="decoder layers")
-    parser.add_argument("--heads", type=int, nargs=2, default=(8, 2), metavar=("Q", "KV"),
-                        help="query and KV heads")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads for both")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every length (a quick run: 0.1)")
-    parser.add_argument("--token-budget", type=int, default=None,
-                        help="the engine's tokens per step (default: the scheduler's)")
-    parser.add_argument("--seed", type=int, default=0, help="weights and workload seed")
+    """The random model's shape, the threads, the workloads' scale; each checked before anything is built."""
+    from engine import cli_args as check
+    parser.epilog = ("Limits: --hidden, --layers, Q, KV and --token-budget are whole numbers >= 1; Q is a "
+                     "multiple of KV and --hidden a multiple of Q with an even quotient (the head size, which "
+                     f"RoPE rotates in pairs); --threads 1 to {MAX_THREADS}; --scale a finite number > 0 that keeps "
+                     f"every request within the model's {CONTEXT}-token context; the model, held three times, "
+                     "must fit in half the memory. A bad input prints one 'error: ...' line and "
+                     "exits with status 2.")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS), action=check.Distinct,
+                        help="which workloads to serve (each once)")
+    parser.add_argument("--hidden", type=check.positive_int, default=256,
+                        help="hidden size of the random Qwen3 (a multiple of Q; hidden / Q is even)")
+    parser.add_argument("--layers", type=check.positive_int, default=4, help="decoder layers (>= 1)")
+    parser.add_argument("--heads", type=check.positive_int, nargs=2, default=(8, 2), metavar=("Q", "KV"),
+                        help="query and KV heads (>= 1; Q a multiple of KV)")
+    parser.add_argument("--threads", type=check.int_in(1, MAX_THREADS), default=2,
+                        help=f"torch threads for both (1 to {MAX_THREADS})")
+    parser.add_argument("--scale", type=check.positive_float, default=1.0,
+                        help="multiply every length (> 0; a quick run: 0.1; a length is at least 1 token)")
+    parser.add_argument("--token-budget", type=check.positive_int, default=None,
+                        help="the engine's tokens per step (>= 1; default: the scheduler's)")
+    parser.add_argument("--seed", type=check.seed, default=0, help="weights and workload seed (0 to 2**63 - 1)")
+
+
+def check_args(args) -> None:
+    """Refuse a model shape the engine (or transformers) cannot build, or one too big for this machine."""
+    from engine.cli_args import check_memory
+    from engine.config import ModelConfig
+    from engine.serve.simulate import Roofline
+    q_heads, kv_heads = args.heads
+    if q_heads % kv_heads:
+        raise InputError(f"--heads {q_heads} {kv_heads}: Q {q_heads} is not a multiple of KV {kv_heads} "
+                         "(each KV head serves a whole group of query heads)")
+    if args.hidden % q_heads or (args.hidden // q_heads) % 2:
+        nearest = 2 * q_heads * max(1, round(args.hidden / 2 / q_heads))
+        raise InputError(f"--hidden {args.hidden} with Q {q_heads} heads: the head size hidden / Q must be a whole, "
+                         f"even number (RoPE rotates pairs of dimensions); try --hidden {nearest}")
+    config = model_config(args, ModelConfig)
+    weights = Roofline(config, None, dtype_bytes=4).weight_bytes
+    check_memory(3 * weights, f"--hidden {args.hidden} x --layers {args.layers} (3 copies of "
+                              f"{weights / 2**30:.2f} GiB of float32 weights)")
+
+
+def model_config(args, config_class):
+    """The random model's shape as `config_class` (transformers' Qwen3Config or the engine's ModelConfig)."""
+    q_heads, kv_heads = args.heads
+    fields = dict(vocab_size=VOCAB, hidden_size=args.hidden, num_attention_heads=q_heads,
+                  num_key_value_heads=kv_heads, head_dim=args.hidden // q_heads, intermediate_size=3 * args.hidden,
+                  max_position_embeddings=CONTEXT, tie_word_embeddings=False)
+    if config_class.__name__ == "ModelConfig":
+        return config_class.from_hf({**fields, "num_hidden_layers": args.layers})
+    return config_class(num_hidden_layers=args.layers, **fields)
 
 
 def workload(name: str, scale: float, seed: int, vocab: int) -> list[tuple[list[int], int]]:
     """(prompt ids, new tokens) pairs of one named workload, fixed by the seed."""
-    from engine.serve.workloads import make_mix_workload, make_workload
+    from engine.serve.workloads import check_mix, make_mix_workload, make_workload
 
     def scaled(n):
         return max(1, round(n * scale))
@@ -45,7 +91,17 @@ def workload(name: str, scale: float, seed: int, vocab: int) -> list[tuple[list[
     if name == "single":
         rng = random.Random(seed)
         return [([rng.randrange(vocab) for _ in range(scaled(100))], scaled(256))]
+    check_mix("sharegpt", scaled(1024), 0.5 * scale, f"--scale {scale:g}: the sharegpt workload's max_len "
+              f"1024 x {scale:g} = {scaled(1024)}")
     return make_mix_workload(32, seed, "sharegpt", max_len=scaled(1024), scale=0.5 * scale, vocab=vocab)
+
+
+def check_lengths(name: str, requests, scale: float) -> None:
+    """Every request of the workload stays within the model's trained context."""
+    longest = max(len(prompt) + new for prompt, new in requests)
+    if longest - 1 > CONTEXT:
+        raise InputError(f"--scale {scale:g}: the {name} workload's longest request needs {longest - 1} positions, "
+                         f"past the model's trained context of {CONTEXT}: lower --scale")
 
 
 def build_models(args, directory: str):
@@ -53,11 +109,7 @@ def build_models(args, directory: str):
     import transformers
 
     from engine.checkpoint import load_model
-    q_heads, kv_heads = args.heads
-    config = transformers.Qwen3Config(vocab_size=1024, hidden_size=args.hidden, num_hidden_layers=args.layers,
-                                      num_attention_heads=q_heads, num_key_value_heads=kv_heads,
-                                      head_dim=args.hidden // q_heads, intermediate_size=3 * args.hidden,
-                                      max_position_embeddings=4096, tie_word_embeddings=False)
+    config = model_config(args, transformers.Qwen3Config)
     torch.manual_seed(args.seed)
     theirs = transformers.Qwen3ForCausalLM(config).eval()
     theirs.save_pretrained(directory)
@@ -122,11 +174,14 @@ def compare(name: str, requests, theirs, ours, token_budget) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     """Both ways on every workload; one JSON line on stdout; exit 1 if any output differs."""
-    torch.set_num_threads(args.threads)
+    check_args(args)
+    workloads = {name: workload(name, args.scale, args.seed, VOCAB) for name in args.workloads}
+    for name, requests in workloads.items():
+        check_lengths(name, requests, args.scale)
+    torch.set_num_threads(args.threads)           # every check passed: now build and run
     with tempfile.TemporaryDirectory() as directory:
         theirs, ours = build_models(args, directory)
-    results = {name: compare(name, workload(name, args.scale, args.seed, ours.config.vocab_size), theirs, ours,
-                             args.token_budget) for name in args.workloads}
+    results = {name: compare(name, requests, theirs, ours, args.token_budget) for name, requests in workloads.items()}
     print(json.dumps({"model": {"hidden": args.hidden, "layers": args.layers, "heads": list(args.heads)},
                       "threads": args.threads, "scale": args.scale, "workloads": results}))
     return 0 if all(r["identical_outputs"] for r in results.values()) else 1

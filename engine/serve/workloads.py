@@ -57,7 +57,7 @@ def check_mix(mix: str, max_len: int, scale: float, what: str | None = None) -> 
     mean = sum(MIXES[mix]) * scale
     if max_len < max(2, mean):
         raise InputError(f"{what or f'max_len {max_len}'} is too short for the {mix} mix, whose prompt + output "
-                         f"averages {mean:.1f} tokens (x scale {scale:g}): it must be at least "
+                         f"averages {mean:.3g} tokens (x scale {scale:g}): it must be at least "
                          f"{max(2, math.ceil(mean))}")
 
 
