@@ -3,6 +3,7 @@
 (The browser tests move the controls: tests/test_course_browser.py in the book, test_lab_notebooks.py
 in JupyterLab.)
 """
+import base64
 import json
 import re
 
@@ -76,3 +77,38 @@ def test_static_mode_draws_only_the_default(monkeypatch, capsys):
     widgets.explorer(draw, length=(2, 4, 3), shape=(["bar", "line"], "line"))
     assert capsys.readouterr().out == "length 3, line\n"
     plt.close("all")
+
+
+def test_pictures_are_drawn_at_twice_the_pixels_they_are_shown_at():
+    controls = [widgets.control("length", (2, 4, 3))]
+    data = widgets.precompute(draw, controls)
+    for image, width in zip(data["images"], data["widths"]):
+        assert widgets.png_width(base64.b64decode(image)) == 2 * width
+    assert 100 < data["widths"][0] < 300  # a 2-inch figure, cropped tight, shown at 72 px per inch
+    page = widgets.explorer_html(draw, controls, data)
+    assert f'width="{data["widths"][data["states"][1][1][0]]}"' in page and "img.width = data.widths" in page
+
+
+def test_states_without_a_picture_are_named_unless_the_explorer_draws_none():
+    def sometimes(n=1):
+        print(f"n {n}")
+        if n != 2:
+            draw(length=n)
+
+    data = widgets.precompute(sometimes, [widgets.control("n", (1, 3, 1))])
+    assert widgets.states_without_picture(data) == [1]
+    text_only = widgets.precompute(lambda n=1: print(n), [widgets.control("n", (1, 3, 1))])
+    assert widgets.states_without_picture(text_only) == []
+
+
+def test_small_text_lists_what_shows_under_11_px_at_the_books_width():
+    from engine.course import figures
+
+    fig, ax = plt.subplots(figsize=(4, 2))
+    ax.set_title("readable", fontsize=12)
+    ax.text(0.5, 0.5, "tiny", fontsize=7)
+    ax.axis("off")
+    assert [line.split(" pt")[0] for line in figures.small_text(fig)] == ["'tiny' 7"]
+    fig.set_size_inches(20, 2)  # 1,440 px wide: scaled to the book's 670 px, 12 pt shows at ~5.6 px
+    assert any(line.startswith("'readable' 12 pt shows at") for line in figures.small_text(fig))
+    plt.close(fig)

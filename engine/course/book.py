@@ -3,16 +3,21 @@
 The book never executes anything itself (execute_notebooks: off). This script runs every chapter with
 the full solution, then, for the learner edition, puts back nbgrader's stubs in place of each solution
 region (and drops hidden tests), keeping the outputs: every figure comes from the reference solution,
-no solution text reaches the page. `--instructor` keeps the solutions and heads each written answer as
-its rubric (book/_build/instructor-html). `--pdf` prints the learner edition, built as one page, with
+no solution text reaches the page, and no answer either: the outputs of the graded tests (their ✓
+lines), of the solution cells and of the "With your code" cells are dropped, since a learner's stub
+would print none of them. `--instructor` keeps the solutions and those outputs and heads each written
+answer as its rubric (book/_build/instructor-html). In both editions the setup cell is folded under a
+one-line summary of what it imports and defines. `--pdf` prints the learner edition, built as one page, with
 the system's Chromium (book/_build/pdf/book.pdf). Explorers are precomputed while the chapter runs
 (engine/course/widgets.py), and MathJax ships inside the book (book/_config.yml): nothing needs a network.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -28,6 +33,7 @@ import nbformat
 from . import cells
 from .paths import chapter_files, chapter_name, offline_cpu_environ, repo_root, venv_environ
 from .source import load_chapter
+from .figures import AUDIT_ENV as FIGURE_AUDIT_ENV
 from .widgets import STATIC_ENV as EXPLORERS_ENV
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -38,6 +44,8 @@ STUB_PAGE = "# {title}\n\n*This page is not written yet (no book/{name} in the r
 RUBRIC_LABEL = "**Rubric: the model answer (instructor edition only)"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
+PDF_FOOTER = ('<div style="font-size:8pt;color:#555;width:100%;text-align:center;">'
+              '<span class="pageNumber"></span> / <span class="totalPages"></span></div>')
 CHROMIUM_HINT = ("needs Chromium: `sudo apt-get install chromium` (Debian/Ubuntu), or set COURSE_CHROMIUM to a "
                  "Chromium or Chrome binary")
 
@@ -50,8 +58,13 @@ def execute_chapter(chapter_path: Path, workdir: Path, timeout: int = EXECUTE_TI
                             extra_arguments=["--HistoryManager.hist_file=:memory:"],
                             resources={"metadata": {"path": str(workdir)}})
     # Explorers precompute every state here (the grader's environment asks them for the default view only).
-    env = offline_cpu_environ({EXPLORERS_ENV: "all"})
+    # Every figure shown is audited for text too small at the book's width (engine/course/figures).
+    audit_file = workdir / f"{chapter_path.stem}.figures.jsonl"
+    audit_file.unlink(missing_ok=True)
+    env = offline_cpu_environ({EXPLORERS_ENV: "all", FIGURE_AUDIT_ENV: str(audit_file.resolve())})
     client.execute(env=env, stderr=subprocess.DEVNULL)  # the kernel process's own noise
+    audited = [json.loads(line) for line in audit_file.read_text().splitlines()] if audit_file.exists() else []
+    notebook.metadata["course"] = {"figures": audited}  # tests/test_course_book.py reads it
     return stable_widget_ids(notebook)
 
 
@@ -81,7 +94,40 @@ def learner_edition(executed):
     for cell, stub in zip(edition.cells, stubbed.cells):
         if cells.is_solution(cell) or cells.is_test(cell):
             cell.source = stub.source
-    return edition
+    for index in cells.shows_an_answer(edition.cells):
+        edition.cells[index].outputs = []  # what the reference printed there is an answer
+        edition.cells[index].execution_count = None
+    return fold_setup(edition)
+
+
+def fold_setup(notebook):
+    """The notebook with its setup cell folded in the book (hide-input) under a one-line summary."""
+    for cell in notebook.cells:
+        if cells.is_setup(cell):
+            tags = cell.metadata.setdefault("tags", [])
+            if "hide-input" not in tags:
+                tags.append("hide-input")
+            cell.metadata["mystnb"] = {"code_prompt_show": f"{setup_summary(cell.source)} (show the code)",
+                                       "code_prompt_hide": "Hide the setup code"}
+    return notebook
+
+
+def setup_summary(source: str) -> str:
+    """'Setup: 17 imports; defines KiB, MiB, GiB, model, config': what a setup cell brings in, in one line."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return "Setup"
+    imports = sum(isinstance(node, (ast.Import, ast.ImportFrom)) for node in body)
+    names = [name.id for node in body if isinstance(node, (ast.Assign, ast.AnnAssign))
+             for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+             for name in ast.walk(target) if isinstance(name, ast.Name)]
+    names += [node.name for node in body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    summary = f"Setup: {imports} import{'s' if imports != 1 else ''}"
+    if names:
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        summary += f"; defines {shown}"
+    return summary
 
 
 def stage(chapters: dict[str, object], stage_dir: Path, book_dir: Path) -> None:
@@ -120,7 +166,7 @@ def instructor_edition(executed):
         if cell.cell_type == "markdown" and cells.is_solution(cell) and cells.is_graded(cell):
             points = cells.points(cell)
             cell.source = f"{RUBRIC_LABEL} ({points:g} points)**\n\n{cell.source}"
-    return edition
+    return fold_setup(edition)
 
 
 def build_book(executed: dict[str, object], out_html: Path, instructor: bool = False,
@@ -188,8 +234,11 @@ def _print_pdf(page_path: Path, out_pdf: Path) -> Path:
             page.goto(page_path.resolve().as_uri(), wait_until="load")
             wait_for_math(page)
             page.emulate_media(media="print")
-            page.pdf(path=str(out_pdf), format="A4", print_background=True,
-                     margin={"top": "15mm", "bottom": "15mm", "left": "12mm", "right": "12mm"})
+            # outline: bookmarks from the headings (Chromium's generateDocumentOutline, which needs a
+            # tagged PDF); the footer numbers every page.
+            page.pdf(path=str(out_pdf), format="A4", print_background=True, outline=True, tagged=True,
+                     display_header_footer=True, header_template="<span></span>", footer_template=PDF_FOOTER,
+                     margin={"top": "15mm", "bottom": "17mm", "left": "12mm", "right": "12mm"})
         finally:
             browser.close()
     return out_pdf
@@ -214,6 +263,13 @@ def execute_all(chapters: list[Path], workdir: Path) -> dict[str, object]:
     return executed
 
 
+def save_executed(executed: dict[str, object], folder: Path) -> None:
+    """Write each executed chapter to folder/<name>.ipynb (python -m engine.course.lint checks what they print)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, notebook in executed.items():
+        nbformat.write(notebook, folder / f"{name}.ipynb")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Execute the chapters and build the learner (or --instructor) edition of the book."""
     root = repo_root()
@@ -232,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pdf and chromium_executable() is None:
         parser.error(f"make book-pdf {CHROMIUM_HINT}")
     executed = execute_all(chapters, root / "build" / "book" / "run")
+    save_executed(executed, root / "build" / "book" / "executed")  # the course lint reads their outputs
     if args.pdf:
         pdf = build_pdf(executed, args.out or root / "book" / "_build" / "pdf" / "book.pdf")
         print(f"built the book as a PDF: {pdf}")

@@ -14,6 +14,10 @@ says how many states each control gives): pick coarse steps or a menu of telling
 
 With COURSE_EXPLORERS=static in the environment, only the default state is drawn (plain figure and
 text, no widget): for runs that nobody looks at.
+
+Pictures are drawn at DPI (twice the 72 px per inch they are shown at, so they stay sharp); each is
+audited for text too small at the book's width (engine/course/figures). states_without_picture() names
+the states that draw nothing while others draw: an explorer should show a picture at every position.
 """
 from __future__ import annotations
 
@@ -28,8 +32,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-MAX_STATES = 150  # pictures one explorer may precompute (each costs a draw: ~0.1-0.4 s, ~15 kB)
-DPI = 72  # the inline backend's resolution
+MAX_STATES = 150  # pictures one explorer may precompute (each costs a draw: ~0.1-0.4 s, ~30 kB)
+DPI = 144  # twice the inline backend's 72: each picture is shown at half its pixels, sharp on any screen
+PIXELS_PER_PX = DPI // 72
 STATIC_ENV = "COURSE_EXPLORERS"
 MIME_HTML, MIME_PNG, MIME_TEXT = "text/html", "image/png", "text/plain"
 
@@ -97,9 +102,12 @@ def render(draw: Callable, values: dict) -> tuple[str, list[bytes]]:
             plt.close(number)
         raise RuntimeError(f"explorer: {getattr(draw, '__name__', 'draw')}(**{values}) raised "
                            f"{type(error).__name__}: {error}") from error
+    from engine.course.figures import audit
+
     images = []
     for number in sorted(set(plt.get_fignums()) - before):
         figure = plt.figure(number)
+        audit(figure, f"explorer {getattr(draw, '__name__', 'draw')}{values}", px_per_inch=DPI / PIXELS_PER_PX)
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
         plt.close(figure)
@@ -138,7 +146,21 @@ def precompute(draw: Callable, controls: list[Control]) -> dict:
                 images.append(encoded)
             shown.append(image_index[encoded])
         states.append([text_index[text], shown])
-    return {"sizes": [len(c.values) for c in controls], "texts": texts, "images": images, "states": states}
+    widths = [png_width(base64.b64decode(image)) // PIXELS_PER_PX for image in images]
+    return {"sizes": [len(c.values) for c in controls], "texts": texts, "images": images, "widths": widths,
+            "states": states}
+
+
+def png_width(png: bytes) -> int:
+    """The width in pixels of a PNG, from its header."""
+    return int.from_bytes(png[16:20], "big")
+
+
+def states_without_picture(data: dict) -> list[int]:
+    """The states that show no picture in an explorer whose other states show one ([] when all do, or
+    when none does: an explorer of text only)."""
+    empty = [index for index, (_, shown) in enumerate(data["states"]) if not shown]
+    return empty if len(empty) < len(data["states"]) else []
 
 
 def default_state(controls: list[Control]) -> int:
@@ -187,10 +209,14 @@ SCRIPT = """(function () {
       var img = figures.children[k];
       if (!img) { img = document.createElement('img'); figures.appendChild(img); }
       img.src = 'data:image/png;base64,' + data.images[image];
+      img.width = data.widths[image];
     });
     root.dataset.state = index;
   }
-  inputs.forEach(function (input) { input.addEventListener('input', update); input.addEventListener('change', update); });
+  inputs.forEach(function (input) {
+    input.addEventListener('input', update);
+    input.addEventListener('change', update);
+  });
   root.dataset.ready = '1';
   update();
 })();"""
@@ -212,8 +238,8 @@ def explorer_html(draw: Callable, controls: list[Control], data: dict) -> str:
     widget_id = "course-explorer-" + hashlib.sha1(payload.encode()).hexdigest()[:12]
     text_at, shown = data["states"][default_state(controls)]
     text = data["texts"][text_at]
-    images = "".join(f'<img src="data:image/png;base64,{data["images"][i]}" alt="the explorer\'s picture">'
-                     for i in shown)
+    images = "".join(f'<img src="data:image/png;base64,{data["images"][i]}" width="{data["widths"][i]}" '
+                     f'alt="the explorer\'s picture">' for i in shown)
     controls_html = "".join(_control_html(c, k) for k, c in enumerate(controls))
     name = html.escape(getattr(draw, "__name__", "draw"))
     count = len(data["states"])
@@ -243,6 +269,8 @@ def explorer(draw: Callable[..., None], **specs) -> None:
     data = precompute(draw, controls)
     text_at, shown = data["states"][default_state(controls)]
     bundle = {MIME_HTML: explorer_html(draw, controls, data), MIME_TEXT: data["texts"][text_at] or "(explorer)"}
+    metadata = {}
     if shown:
         bundle[MIME_PNG] = data["images"][shown[0]]
-    display(bundle, raw=True)
+        metadata[MIME_PNG] = {"width": data["widths"][shown[0]]}
+    display(bundle, metadata=metadata, raw=True)

@@ -36,7 +36,7 @@ def plot_reserved_vs_used(lengths: Sequence[int], capacity: int, title: str | No
     ax.set(xlabel="request (sorted by length)", ylabel="token positions", xticks=[])
     utilization = sum(used) / (capacity * len(used))
     ax.set_title(title or f"{len(used)} requests in static slots of {capacity:,}: "
-                          f"{utilization:.0%} of the reservation holds tokens", fontsize=10)
-    ax.legend(loc="upper left", fontsize=8)
+                          f"{utilization:.0%} of the reservation holds tokens", fontsize=11)
+    ax.legend(loc="upper left", fontsize=11)
     fig.tight_layout()
     plt.show()

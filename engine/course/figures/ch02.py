@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 
 def draw_block_table(table: Sequence[int], length: int, block_size: int) -> None:
     """One row per logical block, labelled with its physical block; filled cells hold tokens."""
-    fig, ax = plt.subplots(figsize=(min(1.0 + 0.32 * block_size, 11), 0.45 * len(table) + 0.8))
+    fig, ax = plt.subplots(figsize=(min(1.6 + 0.34 * block_size, 9), 0.45 * len(table) + 0.9))
     for row, physical in enumerate(table):
         for col in range(block_size):
             pos = row * block_size + col
@@ -17,15 +17,15 @@ def draw_block_table(table: Sequence[int], length: int, block_size: int) -> None
             ax.add_patch(plt.Rectangle((col, -row), 0.92, 0.85, edgecolor="tab:blue",
                                        facecolor="tab:blue" if filled else "white"))
             if filled and block_size <= 16:
-                ax.text(col + 0.46, -row + 0.42, str(pos), ha="center", va="center", fontsize=7,
+                ax.text(col + 0.46, -row + 0.42, str(pos), ha="center", va="center", fontsize=11,
                         color="white")
         ax.text(-0.3, -row + 0.42, f"logical {row} → block {physical}", ha="right", va="center",
-                fontsize=8)
+                fontsize=11)
     ax.set_xlim(-4.5, block_size + 0.2)
     ax.set_ylim(-len(table) + 0.7, 1.1)
     ax.axis("off")
     tail = len(table) * block_size - length
-    ax.set_title(f"{length} tokens in blocks of {block_size}: {tail} empty slot(s)", fontsize=9)
+    ax.set_title(f"{length} tokens in blocks of {block_size}: {tail} empty slot(s)", fontsize=11)
     plt.show()
 
 
@@ -54,9 +54,9 @@ def draw_pool(owner: Mapping[int, int], num_blocks: int) -> None:
         ax.add_patch(plt.Rectangle((block, 0), 0.92, 0.9, edgecolor="grey",
                                    facecolor=colours(seq) if seq is not None else "white"))
         ax.text(block + 0.46, 0.45, str(block) if seq is None else f"{block}\ns{seq}",
-                ha="center", va="center", fontsize=6)
+                ha="center", va="center", fontsize=11)
     ax.set_xlim(0, num_blocks)
     ax.set_ylim(0, 1)
     ax.axis("off")
-    ax.set_title("The pool: physical block id and owning sequence (white = free)", fontsize=9)
+    ax.set_title("The pool: physical block id and owning sequence (white = free)", fontsize=11)
     plt.show()

@@ -15,7 +15,7 @@ def draw_pool(cache, title: str = "") -> None:
     owner = {block: (seq, index) for seq, table in cache.tables.items() for index, block in enumerate(table)}
     bs, num_blocks = cache.block_size, cache.allocator.num_blocks
     colours = plt.get_cmap("tab10")
-    fig, ax = plt.subplots(figsize=(min(2.2 + 0.42 * bs, 11), 0.3 * num_blocks + 0.8))
+    fig, ax = plt.subplots(figsize=(min(2.4 + 0.42 * bs, 9), 0.34 * num_blocks + 0.9))
 
     def row_label(block: int) -> str:
         seq, index = owner.get(block, (None, None))
@@ -33,7 +33,7 @@ def draw_pool(cache, title: str = "") -> None:
     draw_slot_rows(ax, num_blocks, bs, row_label, slot)
     ax.set_xlim(-4.2, bs + 0.1)
     ax.set_title(title or "the pool: one row per physical block, the number in a slot is its position",
-                 fontsize=9)
+                 fontsize=11)
     fig.tight_layout()
     plt.show()
 
@@ -53,12 +53,12 @@ def plot_block_size_sweep(sweep: Sequence[dict], static_utilization: float | Non
     if mark in sizes:
         at = sizes.index(mark)
         left.annotate(f"{sweep[at]['utilization']:.1%} at {mark}", (mark, sweep[at]["utilization"]),
-                      xytext=(mark * 1.6, 0.78), arrowprops={"arrowstyle": "->"}, fontsize=8)
+                      xytext=(mark * 1.6, 0.78), arrowprops={"arrowstyle": "->"}, fontsize=11)
     right = left.twinx()
     right.plot(sizes, [row["mean_table_length"] for row in sweep], "--", color="tab:orange",
                label="mean block-table length")
     right.set(yscale="log", ylabel="block-table entries per request")
-    fig.legend(loc="lower left", bbox_to_anchor=(0.13, 0.17), fontsize=8)
-    left.set_title("Smaller blocks waste less; larger blocks mean shorter tables", fontsize=10)
+    fig.legend(loc="lower left", bbox_to_anchor=(0.13, 0.17), fontsize=11)
+    left.set_title("Smaller blocks waste less; larger blocks mean shorter tables", fontsize=11)
     fig.tight_layout()
     plt.show()

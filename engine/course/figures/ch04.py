@@ -17,13 +17,13 @@ def draw_tables(cache, seqs: Sequence[int], title: str) -> None:
             ax.add_patch(plt.Rectangle((col, -row), 0.9, 0.8, edgecolor="black",
                                        facecolor="tab:orange" if shared else "tab:blue"))
             ax.text(col + 0.45, -row + 0.4, f"{block}", ha="center", va="center", color="white",
-                    fontsize=8)
-        ax.text(-0.2, -row + 0.4, f"seq {seq}", ha="right", va="center", fontsize=8)
+                    fontsize=11)
+        ax.text(-0.2, -row + 0.4, f"seq {seq}", ha="right", va="center", fontsize=11)
     width = max(len(cache.tables[s]) for s in seqs)
     ax.set_xlim(-1.5, width + 0.2)
     ax.set_ylim(-len(seqs) + 0.6, 1.2)
     ax.axis("off")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=11)
     plt.show()
 
 

@@ -4,6 +4,8 @@ learner's) over a real PagedKVCache; only the bookkeeping runs (no model), so ev
 """
 from __future__ import annotations
 
+import textwrap
+
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
@@ -103,8 +105,8 @@ def comparable(snapshots: list[Snapshot]) -> list[tuple]:
 
 
 def draw_prefix_tree(snap: Snapshot, step: int | None = None) -> None:
-    """The cached blocks as a tree (a chain per prompt, sharing its common start), coloured by state."""
-    fig, (tree, side) = plt.subplots(1, 2, figsize=(9.5, 3.3), gridspec_kw={"width_ratios": [3, 2]})
+    """The cached blocks as a tree (a chain per prompt, sharing its common start), coloured by state;
+    beside it, the eviction line, the live sequences and the free blocks."""
     children: dict[int | None, list[int]] = {}
     for key, node in snap.nodes.items():
         children.setdefault(node["parent"], []).append(key)
@@ -122,6 +124,8 @@ def draw_prefix_tree(snap: Snapshot, step: int | None = None) -> None:
 
     for root in sorted(children.get(None, []), key=lambda k: snap.nodes[k]["name"]):
         lay(root, 0)
+    height = max(rows[0], 3)
+    fig, (tree, side) = plt.subplots(1, 2, figsize=(9, 0.7 * height + 1.3), gridspec_kw={"width_ratios": [3, 2]})
     for key, (x, y) in place.items():
         node = snap.nodes[key]
         if node["parent"] in place:
@@ -132,21 +136,23 @@ def draw_prefix_tree(snap: Snapshot, step: int | None = None) -> None:
         elif node["place"]:
             color, note = "tab:green", f"evict #{node['place']}"
         else:
-            color, note = "lightgray", "waits for child"
+            color, note = "lightgray", "has a child"
         tree.add_patch(plt.Rectangle((x, y), 0.8, 0.6, facecolor=color, edgecolor="black"))
-        tree.text(x + 0.4, y + 0.38, node["name"], ha="center", va="center", fontsize=8)
-        tree.text(x + 0.4, y + 0.14, f"blk {node['block']}, {note}", ha="center", va="center", fontsize=6)
-    tree.set_xlim(-0.2, 3.2)
-    tree.set_ylim(-max(rows[0], 3) + 0.6, 1.0)
+        tree.text(x + 0.4, y + 0.42, f"{node['name']} (blk {node['block']})", ha="center", va="center", fontsize=11)
+        tree.text(x + 0.4, y + 0.16, note, ha="center", va="center", fontsize=11)
+    tree.set_xlim(-0.1, 3.1)
+    tree.set_ylim(-height + 0.5, 1.0)
     tree.axis("off")
-    tree.set_title(("" if step is None else f"step {step}: ") + snap.event, fontsize=8, loc="left")
+    title = ("" if step is None else f"step {step}: ") + snap.event
+    tree.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=11, loc="left")
     side.axis("off")
-    lines = ["eviction line (next first): " + (", ".join(snap.line) or "empty"), "",
-             "live sequences (table):"]
+    lines = textwrap.wrap("eviction line (next first): " + (", ".join(snap.line) or "empty"), 34,
+                          subsequent_indent="  ")
+    lines += ["", "live sequences (table):"]
     lines += [f"  {r}: {', '.join(t)}" for r, t in snap.live.items()] or ["  none"]
-    lines += ["", f"free blocks: {snap.free_blocks}",
-              "orange: a sequence holds it; green: evictable;", "gray: cached, but a child still hangs on it"]
-    side.text(0, 1, "\n".join(lines), va="top", fontsize=7, family="monospace")
+    lines += ["", f"free blocks: {snap.free_blocks}", "", "orange: a sequence holds it", "green: evictable",
+              "gray: cached, a child hangs on it"]
+    side.text(0, 1, "\n".join(lines), va="top", fontsize=11, family="monospace", transform=side.transAxes)
     fig.tight_layout()
     plt.show()
 
@@ -184,8 +190,8 @@ def plot_sharing_growth(growth: dict[str, list[int]], title: str) -> None:
     right.plot(n, growth["blocks"], color="tab:blue", marker=".", label="prefix cache")
     right.set(xlabel="requests served", ylabel="KV blocks held", title="Memory")
     for ax in (left, right):
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=11)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     plt.show()

@@ -2,6 +2,8 @@
 program of the paged kernel reads. The chapter computes the numbers; these functions draw them."""
 from __future__ import annotations
 
+import textwrap
+
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -38,14 +40,14 @@ def plot_online_softmax(scores: torch.Tensor, trace: Sequence[dict], block_n: in
         bottom.hlines(row["l"], lo - 0.4, hi + 0.4, color="tab:green")
     top.plot([], [], color="tab:red", label="running max m after the tile")
     top.set_ylabel("score")
-    top.legend(fontsize=8, loc="lower right")
+    top.legend(fontsize=11, loc="lower right")
     exact = float(torch.exp(scores.double() - scores.max()).sum())
     bottom.axhline(exact, color="black", ls="--", lw=0.8, label=f"exact sum exp(s - max) = {exact:.3f}")
     bottom.plot([], [], color="tab:green", label="running sum l after the tile")
     bottom.set_ylabel("l")
     bottom.set_xlabel(f"key position j (tiles of {block_n})")
-    bottom.legend(fontsize=8, loc="lower right")
-    fig.suptitle("online softmax: one pass, tile by tile", fontsize=10)
+    bottom.legend(fontsize=11, loc="lower right")
+    fig.suptitle("online softmax: one pass, tile by tile", fontsize=11)
     fig.tight_layout()
     plt.show()
 
@@ -64,7 +66,7 @@ def plot_decode_traffic(contexts: Sequence[int], kv_gib: dict[int, Sequence[floa
     right = ax.secondary_yaxis("right", functions=(lambda g: g * 2**30 / (bandwidth_gbs * 1e9) * 1e3,
                                                    lambda ms: ms * 1e-3 * bandwidth_gbs * 1e9 / 2**30))
     right.set_ylabel(f"ms at {bandwidth_gbs / 1000:g} TB/s")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=11)
     fig.tight_layout()
     plt.show()
 
@@ -72,10 +74,12 @@ def plot_decode_traffic(contexts: Sequence[int], kv_gib: dict[int, Sequence[floa
 def draw_kernel_walk(tables: torch.Tensor, lengths: Sequence[int], num_blocks: int, block_size: int,
                      seq: int, tile: int, block_n: int) -> None:
     """The pool as rows of slots; the slots program (seq, h) reads in one tile are green, the
-    positions of that tile past the sequence's end (masked) are marked red on the table row."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(8.2, 0.34 * num_blocks + 1.2),
+    positions of that tile past the sequence's end (masked) are marked red on the tile's row. A tile
+    past the last one the kernel visits is drawn too, all red: it reads nothing."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 0.34 * num_blocks + 1.3),
                                       gridspec_kw={"width_ratios": [1.25, 1]})
     n = lengths[seq]
+    tiles = -(-n // block_n)
     positions = range(tile * block_n, (tile + 1) * block_n)
     read = {(int(tables[seq, p // block_size]), p % block_size): p for p in positions if p < n}
     owner = {int(b): (s, i) for s, row in enumerate(tables.tolist()) for i, b in enumerate(row)
@@ -95,21 +99,24 @@ def draw_kernel_walk(tables: torch.Tensor, lengths: Sequence[int], num_blocks: i
 
     draw_slot_rows(left, num_blocks, block_size, row_label, slot)
     left.set_xlim(-5.5, block_size + 0.1)
-    left.set_title("the pool (green: read by this tile; number = position)", fontsize=8)
+    left.set_title("the pool (green: read by this tile,\nthe number is its position)", fontsize=11)
     # The tile's positions: which logical block, which physical block, and the tail mask.
     for col, p in enumerate(positions):
         logical = p // block_size
         valid = p < n
         right.add_patch(plt.Rectangle((col, 0), 0.92, 0.8, facecolor="tab:green" if valid else "tab:red",
                                       alpha=0.8 if valid else 0.35, edgecolor="grey", lw=0.5))
-        right.text(col + 0.46, 0.4, str(p), ha="center", va="center", fontsize=6)
+        right.text(col + 0.46, 0.4, str(p), ha="center", va="center", fontsize=11,
+                   rotation=0 if block_n <= 8 else 90)
         if p % block_size == 0 or col == 0:           # one table lookup per block the tile touches
-            name = f"T[{logical}]={int(tables[seq, logical])}" if valid else f"T[{logical}]: masked"
-            right.text(col + 0.05, -0.45, name, fontsize=7, ha="left", va="top")
+            name = f"T[{logical}]={int(tables[seq, logical])}" if valid else f"T[{logical}]: -"
+            right.text(col + 0.05, -0.25, name, fontsize=11, ha="left", va="top", rotation=-90 if block_n > 8 else 0)
     right.set_xlim(-0.2, block_n + 0.2)
-    right.set_ylim(-2.2, 1.6)
+    right.set_ylim(-3.2 if block_n > 8 else -1.6, 1.2)
     right.axis("off")
-    right.set_title(f"sequence {seq} (length {n}), tile {tile}: positions {positions.start}.."
-                    f"{positions.stop - 1}\nred = past the end, masked", fontsize=8)
+    head = f"sequence {seq} ({n} keys, {tiles} tile{'s' if tiles != 1 else ''} of {block_n}), tile {tile}"
+    body = (f"positions {positions.start}..{positions.stop - 1}; red = past the end, masked" if tile < tiles
+            else "past the last tile: the kernel never runs it")
+    right.set_title("\n".join([head] + textwrap.wrap(body, 42)), fontsize=11)
     fig.tight_layout()
     plt.show()

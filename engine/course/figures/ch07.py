@@ -111,9 +111,9 @@ def plot_decode_rates(rows: list[dict], title: str = ""):
     ax.set_yscale("log")
     ax.set_xlabel("sequences decoding together")
     ax.set_ylabel("output tokens/s")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=11)
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=11)
     fig.tight_layout()
     plt.show()
 
@@ -130,9 +130,9 @@ def plot_fill_and_batch(metrics: dict, title: str = "", time_unit: str = "s"):
     top.set_ylim(0, 1.05)
     bottom.set_ylabel("running sequences")
     bottom.set_xlabel(f"engine time ({time_unit})")
-    top.legend(loc="lower right", fontsize=8)
+    top.legend(loc="lower right", fontsize=11)
     if title:
-        top.set_title(title, fontsize=9)
+        top.set_title(title, fontsize=11)
     fig.tight_layout()
     plt.show()
 
@@ -172,9 +172,9 @@ def plot_trace(trace: list[dict], num_blocks: int, title: str = ""):
                 top.plot([step], [num_blocks], marker, color="tab:red", ms=7)
     bottom.set_ylabel("sequences")
     bottom.set_xlabel("engine step (red: x recompute, v swap)")
-    bottom.legend(fontsize=8, ncol=3)
+    bottom.legend(fontsize=11, ncol=3)
     if title:
-        top.set_title(title, fontsize=9)
+        top.set_title(title, fontsize=11)
     fig.tight_layout()
     plt.show()
 

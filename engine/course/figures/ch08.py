@@ -55,10 +55,10 @@ def plot_capacity(runs: Sequence[dict], title: str) -> None:
         values = [run[key] for run in runs]
         ax.bar(names, values, color=colors)
         for x, value in enumerate(values):
-            ax.text(x, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=8)
-        ax.set_title(label, fontsize=9)
+            ax.text(x, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=11)
+        ax.set_title(label, fontsize=11)
         ax.margins(y=0.15)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     plt.show()
 
@@ -104,7 +104,7 @@ def plot_readback_error(errors: dict[str, Sequence[float]], block_size: int) -> 
     ax.set_yscale("log")
     ax.set(xlabel="offset of the token in its block", ylabel="max |stored - read back|",
            title="Tokens written one at a time into one block")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=11)
     fig.tight_layout()
     plt.show()
 
@@ -123,7 +123,7 @@ def plot_block_tradeoff(per_token: dict[str, int], block_sizes: Sequence[int], c
     left.set(xscale="log", yscale="log", xlabel="block size (tokens)", ylabel="MiB per block",
              title="Bytes one block holds")
     left.set_xticks(block_sizes, [str(b) for b in block_sizes])
-    left.legend(fontsize=8)
+    left.legend(fontsize=11)
     right.plot(block_sizes, [-(-context // b) for b in block_sizes], marker="o", color="tab:purple")
     right.set(xscale="log", yscale="log", xlabel="block size (tokens)", ylabel="table entries",
               title=f"Block table of one {context:,}-token sequence")
@@ -152,6 +152,6 @@ def plot_block_choice(name: str, bytes_per_token: int, reference: tuple[str, int
     ax.axvline(block_size, color="black", ls="--", lw=1)
     ax.set(xscale="log", yscale="log", xlabel="block size (tokens)", ylabel="MiB per block")
     ax.set_xticks(block_sizes, [str(b) for b in block_sizes])
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=11)
     fig.tight_layout()
     plt.show()
