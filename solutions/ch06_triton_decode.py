@@ -72,6 +72,7 @@ ON_GPU = TRITON and torch.cuda.is_available() and not INTERPRETED
 DEVICE = "cuda" if ON_GPU else "cpu"
 if TRITON:
     from engine.attention.triton_decode import paged_decode, split_partials
+from engine.attention.decode_config import split_count
 
 CONFIGS = Path(engine.config.__file__).parent / "configs"  # published config.json files
 GiB, MiB = 2**30, 2**20
@@ -88,16 +89,16 @@ GiB, MiB = 2**30, 2**20
 
 # %% nbgrader={"grade": false, "grade_id": "ch06_platform", "locked": true, "schema_version": 3, "solution": false}
 if not TRITON:
-    print("Triton is not available on this platform (Linux wheels only): the kernel "
-          "exercises and their checks cannot run here. Everything else in this chapter "
-          "does: the figures, the split-K merge (Exercise 6.3, plain torch) and the "
-          "review questions.")
+    print("Triton is not available on this platform (Linux wheels only): the kernel")
+    print("exercises and their checks cannot run here. Everything else in this chapter")
+    print("does: the figures, the split-K merge (Exercise 6.3, plain torch) and the")
+    print("review questions.")
 elif ON_GPU:
     print(f"Triton {triton.__version__}: kernels compile for "
           f"{torch.cuda.get_device_name()}")
 else:
-    print(f"Triton {triton.__version__}: no GPU here, so kernels run in the "
-          f"interpreter on the CPU (TRITON_INTERPRET={int(INTERPRETED)})")
+    print(f"Triton {triton.__version__}: no GPU here, so kernels run in the")
+    print(f"interpreter on the CPU (TRITON_INTERPRET={int(INTERPRETED)})")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_primer_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 6.2 A Triton primer
@@ -152,9 +153,10 @@ else:
 #
 # **Kernel.** Write `gather_rows_program(x_ptr, index_ptr, out_ptr, rows, cols, s_x, s_out,
 # BLOCK_ROWS, BLOCK_COLS)`, the code each program runs. It has no `@triton.jit` above it: the
-# launcher `engine.attention.triton_primer.gather_rows(x, index, kernel=gather_rows_program)` makes
-# the kernel with `triton.jit(gather_rows_program)`, which is exactly what the decorator does, and
-# the grader sees a plain function of yours. The launch is a grid of `cdiv(rows, BLOCK_ROWS)` programs; program `i` owns output rows
+# launcher `gather_rows(x, index, kernel=gather_rows_program)` makes the kernel with
+# `triton.jit(gather_rows_program)`, which is exactly what the decorator does, and the grader
+# sees a plain function of yours. The launch is a grid of `cdiv(rows, BLOCK_ROWS)` programs;
+# program `i` owns output rows
 # `i*BLOCK_ROWS ... i*BLOCK_ROWS + BLOCK_ROWS - 1` and all columns (`BLOCK_COLS` is `cols` rounded up
 # to a power of 2). Row `j` of `x` starts at `x_ptr + j * s_x`, row `r` of `out` at `out_ptr + r *
 # s_out`; inside a row the values are contiguous. Build a `[BLOCK_ROWS, BLOCK_COLS]` tile of addresses
@@ -221,11 +223,11 @@ print(f"Llama-3-8B: {per_token // 1024} KiB of K/V per token, "
       f"{weights_gib:.1f} GiB of weights")
 for b in batches:
     crossing = next((c for c, g in zip(contexts, kv_gib[b]) if g > weights_gib), None)
-    more = f"; more than the weights from {crossing} tokens on" if crossing else ""
-    print(f"batch {b:2d}: K/V per step at 4K context {kv_gib[b][2]:6.2f} GiB{more}")
+    more = f"; above the weights from {crossing} tokens on" if crossing else ""
+    print(f"batch {b:2d}: {kv_gib[b][2]:5.2f} GiB of K/V per step at 4K tokens{more}")
 floor_ms = kv_gib[32][-1] * GiB / (h100 * 1e9) * 1e3
-print(f"at {h100} GB/s (H100), batch 32 at 32K context needs at least "
-      f"{floor_ms:.0f} ms per step just to read its K/V")
+print(f"at {h100} GB/s (H100), reading batch 32's K/V at 32K tokens takes at least "
+      f"{floor_ms:.0f} ms a step")
 figures.plot_decode_traffic(contexts, kv_gib, weights_gib, h100, "Llama-3-8B")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_idea_md", "locked": true, "schema_version": 3, "solution": false}
@@ -233,11 +235,11 @@ figures.plot_decode_traffic(contexts, kv_gib, weights_gib, h100, "Llama-3-8B")
 #
 # **Addresses.** The pool is `k_pool[N, Hkv, bs, D]` (and `v_pool` alike), each a contiguous tensor with
 # strides `(s_kn, s_kh, s_ks, 1)`. Position $p$ of sequence $b$ lives, as in chapter 2, in physical
-# block $T[b, \lfloor p / bs \rfloor]$ at slot $p \bmod bs$, so the key of position $p$ for KV head $g$
-# starts at
+# block $T[b, \lfloor p / bs \rfloor]$ at slot $p \bmod bs$, so, with $K_0$ the address of
+# `k_pool`'s first element, the key of position $p$ for KV head $g$ starts at
 #
 # $$
-# \texttt{k\_pool} + T[b, \lfloor p/bs \rfloor]\, s_{kn} + g\, s_{kh} + (p \bmod bs)\, s_{ks}.
+# K_0 + T[b, \lfloor p/bs \rfloor]\, s_{kn} + g\, s_{kh} + (p \bmod bs)\, s_{ks}.
 # $$
 #
 # The kernel visits positions in tiles of `BLOCK_N` (a power of 2, independent of the block size):
@@ -283,11 +285,10 @@ figures.plot_online_softmax(scores, trace, block_n=8)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_ex_kernel_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 6.2 — `paged_decode_head_program` (4 + 2 + 2 + 3 + 2 points)
 #
-# Write the body of the function below; its signature and docstring are the engine's
-# (`engine/attention/triton_decode.py`, where `paged_decode_head_kernel =
-# triton.jit(paged_decode_head_program)`). The launcher `paged_decode_per_head(q, k_pool, v_pool,
-# block_tables, q_positions, kv_lens, kernel=paged_decode_head_program)` compiles your function the
-# same way and starts a grid of `(B, Hq)` programs, one per (sequence, query head), passing:
+# Write the body of the function below; its signature and docstring are given. The launcher
+# `paged_decode_per_head(q, k_pool, v_pool, block_tables, q_positions, kv_lens,
+# kernel=paged_decode_head_program)` compiles your function with `triton.jit` and starts a grid
+# of `(B, Hq)` programs, one per (sequence, query head), passing:
 #
 # * `q_ptr`, `out_ptr`: the queries and the output, `[B, Hq, 1, D]`; the vector of sequence `b`,
 #   head `h` starts at `b * s_qb + h * s_qh` (`s_ob`, `s_oh` for the output), its `D` values contiguous;
@@ -304,6 +305,14 @@ figures.plot_online_softmax(scores, trace, block_n=8)
 # `for start in range(0, length, BLOCK_N):` runs over the tiles (`length` loaded from `lengths_ptr`).
 # Use `tl.sum` for the dot products, not `tl.dot`: a `tl.dot` needs every side at least 16 to compile
 # for a GPU, and here one side is a single query.
+#
+# **Start what the loop carries as Triton values of their final shape and dtype**, before the loop:
+# `m = tl.full((), float("-inf"), tl.float32)`, `l = tl.zeros((), tl.float32)` and
+# `acc = tl.zeros((HEAD_DIM,), tl.float32)`. A Python number (`acc = 0.0`, `l = 0`) runs in the
+# interpreter, which is plain numpy, but a GPU compiles the loop with each carried value's type
+# fixed at its start, and refuses a value that turns into a vector, or an int that turns into a
+# float: "Loop-carried variable acc has initial type fp32 but is re-assigned to <['16'], fp32>". On
+# a GPU the check reports that refusal; in the interpreter it prints a warning under its ✓ line.
 #
 # The checks compare your kernel with the engine's torch reference (`paged_attention_reference`) on
 # scrambled block tables with spare blocks, lengths from 1 to a few blocks, blocks of 3, 4 and 16, tiles
@@ -403,35 +412,42 @@ ch06.check_decode_in_engine(paged_decode_head_program, lengths=[4, 5])
 #
 # On a GPU the next cell times, on one fp16 batch of 32 sequences of 4,096 tokens with Qwen3-0.6B's
 # heads (16 query heads over 8 KV heads of 128), your kernel, the engine's grouped kernel and torch's
-# `scaled_dot_product_attention` on the same keys and values laid out contiguously, and reports the
-# bandwidth each achieves: bytes of K and V read per second (counting each cached byte once), next to
-# the card's peak and to SDPA's. In the interpreter such timings would measure Python, not memory, so
-# on a CPU the cell says so and skips.
+# `scaled_dot_product_attention` on the same keys and values laid out contiguously. It reports the
+# bandwidth each achieves: bytes of K and V read per second (each cached byte counted once), as a
+# fraction of the card's peak and of SDPA's. In the interpreter such timings would measure Python,
+# not memory, so on a CPU the cell says so and prints no figure.
 #
-# What to look for. Your kernel runs one program per query head, so each key is loaded once per head
-# of its group (twice here; the second load often hits the L2 cache). The engine's
-# `paged_decode_kernel` runs one program per (sequence, KV head) and attends the whole group with one
-# load of each tile, but it pads the group to 16 rows for `tl.dot` and asks for full float32
-# precision, which the tensor cores do not give: extra work that can cost more than the second load
-# saves. It also splits long histories over several programs when the batch is too small to fill the
-# GPU (split-K, section 6.6). SDPA reads one contiguous stream per head, the easiest pattern for the
-# memory system, and is the bar to compare with; a stretch exercise below asks you to close the gap.
+# What to look for. Your kernel runs one program per query head, so each key is loaded once per
+# head of its group (twice here; the second load may hit the L2 cache). The engine's kernel, the one
+# `paged_attention` runs, differs in three ways, the steps of the stretch exercise at the end of the
+# chapter: one program per (sequence, KV head) attends the whole group with one load of each tile;
+# its products are float32 without padding the group (2 rows here) or `tl.dot` in fp16 on the
+# tensor cores, whichever its table picks for the shape; and long histories are split over several
+# programs when the batch is too small to fill the GPU (split-K, section 6.6). SDPA reads one
+# contiguous stream per head, the easiest pattern for the memory system: the bar to compare with.
+#
+# **With your code: the bandwidth of your kernel.** This cell needs Exercise 6.2 (on a GPU; on a CPU
+# it measures nothing).
 
 # %% nbgrader={"grade": false, "grade_id": "ch06_bench", "locked": true, "schema_version": 3, "solution": false}
+NAMES = {"sdpa_contiguous": "SDPA", "per_head_kernel": "your kernel",
+         "grouped_kernel": "engine's kernel"}
 if ON_GPU:
     from engine.attention.bench_decode import compare_kernels
     rows = compare_kernels(batch=32, context=4096, kernel=paged_decode_head_program)
     for row in rows:
-        peak = "peak unknown"
+        share = "peak unknown"
         if row["peak_gbs"]:
-            peak = f"{row['fraction_of_peak']:.0%} of the card's {row['peak_gbs']} GB/s"
-        print(f"{row['impl']:16s} {row['ms']:7.3f} ms {row['gbs']:7.1f} GB/s ({peak}; "
-              f"{row['vs_sdpa']:.2f}x SDPA; max |Δ| {row['max_abs_diff_vs_sdpa']:.1e})")
+            share = f"{row['fraction_of_peak']:.0%} of peak"
+        diff = row["max_abs_diff_vs_sdpa"]
+        print(f"{NAMES[row['impl']]:15s} {row['ms']:7.3f} ms {row['gbs']:6.0f} GB/s "
+              f"{share:>12s} {row['vs_sdpa']:5.2f}x SDPA  |Δ| {diff:.0e}")
+    print(f"peak: {rows[0]['peak_gbs']} GB/s ({torch.cuda.get_device_name()})")
 elif not TRITON:
     print("skipped: bandwidth needs a GPU, and Triton is not available here")
 else:
-    print("skipped: bandwidth needs a GPU; in the interpreter a kernel runs at the "
-          "speed of Python, not of memory")
+    print("skipped: bandwidth needs a GPU; in the interpreter a kernel runs at the")
+    print("speed of Python, not of memory")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_split_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 6.6 Split-K: many programs for one long sequence
@@ -451,6 +467,25 @@ else:
 # NaN, so the merge takes $M = 0$ there and returns 0. The engine's `paged_decode(..., num_splits=S)`
 # does this with two kernels; `split_partials` runs the first and returns the partials.
 #
+# **How many slices.** Splitting pays only while the (sequence, KV head) programs are too few to
+# occupy the GPU; beyond that every slice only adds partials to write and read back, and a second
+# launch for the merge. The engine's split chooser, `choose_num_splits(batch, kv_heads, max_blocks,
+# block_size, device)`, counts the programs, $B \cdot H_{kv}$, against a target of two per streaming
+# multiprocessor (SM). At or above the target it does not split. Below it, it takes as many slices as
+# reach the target, but never a slice shorter than 512 keys and never more than 16 slices; the
+# history's length comes from the block table's width, so it reads nothing back from the GPU. On a
+# CPU it always answers 1. The next cell asks it about a few batches on a GPU with 132 SMs (an H100's
+# count), through `split_count`, the same rule with the SM count given.
+
+# %% nbgrader={"grade": false, "grade_id": "ch06_splits", "locked": true, "schema_version": 3, "solution": false}
+for batch, context in ((64, 4096), (16, 4096), (2, 100_000), (2, 512)):
+    splits = split_count(batch, kv_heads=8, max_blocks=-(-context // 16), block_size=16,
+                         sm_count=132)
+    programs = batch * 8
+    print(f"batch {batch:2d} x {context:7,d} tokens: {programs:3d} programs, 132 SMs "
+          f"-> {splits:2d} slice(s)")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_merge_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 6.3 (stretch, graded) — `merge_partials` (2 points)
 #
 # Write the merge in torch: `merge_partials(m, l, acc)` takes `m`, `l` of shape `[..., S]` and `acc`
@@ -466,8 +501,10 @@ ch06.check_merge_partials(merge_partials)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_yours_split_md", "locked": true, "schema_version": 3, "solution": false}
 # **With your code: your merge after the engine's split kernel.** This cell needs Exercise 6.3. It runs
-# the engine's split kernel with 4 slices on three sequences (2, 17 and 70 keys: the first leaves three
-# slices empty), merges the partials with your `merge_partials`, and compares with the unsplit kernel.
+# the engine's split kernel with 4 slices on three sequences of 2, 17 and 70 keys, with 4 query heads.
+# The 2 keys of the first fit in its first slice, so its other slices are empty for every head; the
+# cell counts those empty (head, slice) pairs, merges the partials with your `merge_partials`, and
+# compares with the unsplit kernel.
 
 # %% nbgrader={"grade": false, "grade_id": "ch06_yours_split", "locked": true, "schema_version": 3, "solution": false}
 if TRITON:
@@ -476,7 +513,9 @@ if TRITON:
     args = [split[name].to(DEVICE) for name in names]
     m, l, acc = split_partials(*args, num_splits=4)
     empty = int((m[0] == float("-inf")).sum())
-    print(f"empty slices of the 2-key sequence (m = -inf): {empty} of {m[0].numel()}")
+    heads, slices = m.shape[1], m.shape[2]
+    print(f"2-key sequence: {empty} of its {heads} heads x {slices} slices are empty "
+          f"(m = -inf)")
     merged = merge_partials(m, l, acc)[..., :16]
     whole = paged_decode(*args)[:, :, 0].float()
     worst = float((merged - whole).abs().max())
@@ -484,19 +523,59 @@ if TRITON:
 else:
     print("skipped: Triton is not available on this platform")
 
-# %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_prefill_md", "locked": true, "schema_version": 3, "solution": false}
-# ★★ **A faster decode kernel (ungraded).** With the bandwidth cell of section 6.5 as your
-# benchmark, write a grouped kernel (one program per sequence and KV head) that beats both your
-# per-head kernel and the engine's: load each K/V tile once, compute the group's scores with `tl.sum`
-# over a `[GROUP, BLOCK_N, D]` product or with a `tl.dot` at tf32/fp16 precision, and pick `BLOCK_N`
-# and `num_warps` by measurement. Keep it equal to `paged_attention_reference` within fp16 tolerance.
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_gap_md", "locked": true, "schema_version": 3, "solution": false}
+# ### Stretch (ungraded): close the gap to the engine's kernel
 #
+# The bandwidth cell of section 6.5 shows, on a GPU, how far your per-head kernel is from the card's
+# peak and from the engine's kernel. Three changes close that gap. Make them one at a time on a copy of
+# your kernel, keep each equal to `paged_attention_reference` within fp16 tolerance (the interpreter
+# checks that much on a CPU), and measure each on a GPU: the effect depends on the card, the group size
+# and the batch, so this text gives no figure; the cell below prints yours.
+#
+# 1. **Group the heads.** One program per (sequence, KV head) instead of per query head: load the
+#    group's query vectors as a `[GROUP, D]` tile, each K and V tile once for all of them, and take the
+#    scores as a `[GROUP, BLOCK_N]` tile, `tl.sum(q[:, None, :] * k[None, :, :], axis=2)` (GROUP a
+#    power of 2, rows past the group masked). What to measure: GB/s, each cached byte counted once;
+#    the per-head kernel loads every byte once per head of the group.
+# 2. **The dtype of the products.** Keep K and V in fp16 as loaded and multiply on the tensor cores
+#    with `tl.dot(q, tl.trans(k))` and a float32 accumulator, the group padded to 16 rows (the
+#    smallest `tl.dot` that many GPUs and Triton versions compile), against step 1's float32
+#    products. What to measure: both versions, at the group size of your model; the engine picks
+#    one per shape from a table.
+# 3. **Split-K.** At small batches, cut each history into slices (section 6.6) and merge them with
+#    your `merge_partials`. What to measure: a batch of 4 as well as 32; split-K should help only
+#    where the programs are too few for the SMs.
+#
+# **With your code: the steps, measured.** This cell needs Exercise 6.2 (on a GPU; on a CPU it
+# measures nothing). For a batch of 32 and one of 4 sequences it times your per-head kernel, then the
+# engine's kernel configured as each step (grouped with float32 products, fp16 `tl.dot`, then the
+# better of the two split), and SDPA, and prints GB/s, the fraction of the card's peak and of SDPA.
+
+# %% nbgrader={"grade": false, "grade_id": "ch06_gap", "locked": true, "schema_version": 3, "solution": false}
+STEPS = {"per_head": "your kernel", "grouped": "1. grouped",
+         "grouped_fp16_dot": "2. fp16 dot", "split_k": "3. split-K",
+         "sdpa_contiguous": "SDPA"}
+if ON_GPU:
+    from engine.attention.bench_decode import ladder
+    for batch, context in ((32, 4096), (4, 16384)):
+        print(f"batch {batch}, {context:,d} tokens each:")
+        for row in ladder(batch, context, kernel=paged_decode_head_program):
+            share = "peak unknown"
+            if row["peak_gbs"]:
+                share = f"{row['fraction_of_peak']:.0%} of peak"
+            slices = f" ({row['num_splits']} slices)" if "num_splits" in row else ""
+            print(f"  {STEPS[row['impl']]:13s} {row['gbs']:6.0f} GB/s {share:>12s} "
+                  f"{row['vs_sdpa']:5.2f}x SDPA{slices}")
+else:
+    print("skipped: these steps are measured on a GPU; there this cell prints")
+    print("each one's GB/s and fraction of the card's peak and of SDPA")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_prefill_md", "locked": true, "schema_version": 3, "solution": false}
 # ★★★ **A paged prefill kernel (ungraded).** Prefill attends a block of new queries of one sequence,
 # causally, to its paged history plus the new tokens (already written to the pool). Each query row
 # gets its own limit (its position), and padding rows (position -1) see nothing. Write it as a grid of
 # (sequence, head, query tile) programs that reuses the decode kernel's tile loop with a per-row limit;
-# test it against `paged_attention_reference` with ragged chunks that start mid-block. The engine's
-# version, to compare with once you have tried, is `engine/attention/triton_prefill.py`.
+# test it against `paged_attention_reference` with ragged chunks that start mid-block.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_review_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 6.7 Check your understanding
@@ -558,17 +637,19 @@ ch06.check_answer_loads(q3_loads)
 # bytes read, since masked lanes cost no memory traffic.)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_q5_md", "locked": true, "schema_version": 3, "solution": false}
-# **Q5 (2 points).** When does split-K make decode faster, and when does it make it slower? What does
-# the engine's `choose_num_splits` look at?
+# **Q5 (2 points).** When does split-K make decode faster, and when does it make it slower? The
+# engine's `choose_num_splits` (section 6.6) bounds the history's length by the block table's width,
+# not by `kv_lens`: why?
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "ch06_q5", "locked": false, "points": 2, "schema_version": 3, "solution": true}
-# Rubric. Faster when there are too few (sequence, KV head) programs to occupy the GPU's SMs, i.e. small
-# batches with long contexts: the slices of one history are read in parallel, so more of the memory
-# bandwidth is used (1 point). Slower, or no better, when the batch already fills the GPU or the
-# histories are short: every split adds a partial result to write and read back and a second kernel
-# launch for the merge, for no extra parallelism (1 point). `choose_num_splits` compares batch x KV
-# heads with about two programs per SM, splits only below that, and caps the splits so that a slice
-# keeps at least ~512 keys (and at most 16 splits); on the CPU it never splits.
+# Rubric (1 point each). (1) Faster when there are too few (sequence, KV head) programs to occupy the
+# GPU's SMs, i.e. small batches with long contexts: the slices of one history are read in parallel,
+# so more of the memory bandwidth is used. Slower, or no better, when the batch already fills the GPU
+# or the slices are short: every slice adds a partial result to write and read back and the merge a
+# second kernel launch, for no extra parallelism (hence the 512-key minimum). (2) `kv_lens` lives on
+# the GPU: reading it on the host (`.max()`, `.item()`) waits for the GPU to finish everything queued
+# before, a sync in every layer of every step; the table's width is a shape, known on the host for
+# free, and it bounds every history of the batch (a row never has more keys than its table holds).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_deeper", "locked": true, "schema_version": 3, "solution": false}
 # ## 6.8 Going deeper

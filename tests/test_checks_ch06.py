@@ -106,6 +106,36 @@ if attention_pkg.triton_installed():
         tl.store(out_ptr + seq * s_ob + head * s_oh + dims, (acc / l).to(out_ptr.dtype.element_ty))
 
 
+def python_number_starts(q_ptr, k_pool, v_pool, tables_ptr, lengths_ptr, out_ptr, group, scale,
+                         s_qb, s_qh, s_ob, s_oh, s_tb, s_kn, s_kh, s_ks, s_vn, s_vh, s_vs,
+                         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Right in the interpreter, refused by a GPU compiler: l and acc start as Python numbers."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + seq * s_qb + head * s_qh + dims).to(tl.float32) * scale
+    length = tl.load(lengths_ptr + seq)
+    m = float("-inf")
+    l, acc = 0, 0.0
+    for start in range(0, length, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        valid = pos < length
+        block = tl.load(tables_ptr + seq * s_tb + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        slot = pos % BLOCK_SIZE
+        k_at = k_pool + block * s_kn + (head // group) * s_kh + slot * s_ks
+        v_at = v_pool + block * s_vn + (head // group) * s_vh + slot * s_vs
+        k = tl.load(k_at[:, None] + dims[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_at[:, None] + dims[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        scores = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new)
+        l = l * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(out_ptr + seq * s_ob + head * s_oh + dims, (acc / l).to(out_ptr.dtype.element_ty))
+
+
 class Planted:
     """A buggy kernel with its BUG switch set, launched like any kernel: `Planted(k, n)[grid](...)`."""
 
@@ -129,6 +159,31 @@ def test_references_pass():
     for name in DECODE_CHECKS:
         passes(getattr(ch06, name), paged_decode_head_program)
     passes(ch06.check_merge_partials, merge_partials)
+
+
+@needs_triton
+def test_loop_carried_python_numbers_are_found():
+    """The AST scan names values a loop carries that start as Python numbers, and nothing in the reference."""
+    assert ch06.loop_carried_numbers(python_number_starts) == [("acc", "0.0"), ("l", "0"), ("m", "float('-inf')")]
+    assert ch06.loop_carried_numbers(paged_decode_head_program) == []
+    assert ch06.loop_carried_numbers(object()) == []                   # no source: nothing to say
+
+
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel is compiled, and refused")
+def test_python_number_starts_pass_in_the_interpreter_with_a_warning():
+    out = passes(ch06.check_decode_kernel, python_number_starts)
+    assert "⚠ your kernel starts acc = 0.0, l = 0, m = float('-inf') as Python numbers" in out
+    assert "acc = tl.zeros((HEAD_DIM,), tl.float32)" in out
+    assert "⚠" not in passes(ch06.check_decode_kernel, paged_decode_head_program)
+
+
+@needs_triton
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_python_number_starts_are_refused_on_a_gpu():
+    fails_with(ch06.check_decode_kernel, python_number_starts,
+               ["does not compile for this GPU", "Loop-carried variable", "acc = tl.zeros((HEAD_DIM,), tl.float32)"])
 
 
 @needs_triton
@@ -209,14 +264,64 @@ def test_engine_milestone_catches_a_planted_bug():
 
 # ---- planted bugs: split-K's merge ----------------------------------------------------------------
 
+def top(m):
+    """The largest m_s of each row, 0 where every slice is empty (what a right merge subtracts)."""
+    best = m.amax(-1, keepdim=True)
+    return torch.where(best == float("-inf"), torch.zeros_like(best), best)
+
+
 def merge_without_weights(m, l, acc):
     return acc.sum(-2) / l.sum(-1, keepdim=True)
+
+
+def merge_with_unweighted_l(m, l, acc):                # the denominator not rescaled by exp(m_s - M)
+    weight = torch.exp(m - top(m))
+    return (weight[..., None] * acc).sum(-2) / l.sum(-1, keepdim=True).clamp(min=1e-30)
+
+
+def merge_with_unweighted_acc(m, l, acc):              # the numerator not rescaled
+    weight = torch.exp(m - top(m))
+    total = (weight * l).sum(-1, keepdim=True)
+    return acc.sum(-2) / torch.where(total > 0, total, torch.ones_like(total))
 
 
 def merge_by_averaging(m, l, acc):
     share = acc / l[..., None]
     share = torch.where(l[..., None] > 0, share, torch.zeros_like(share))
     return share.sum(-2) / (l > 0).sum(-1, keepdim=True).clamp(min=1)
+
+
+def merge_weighting_acc_by_l(m, l, acc):               # acc treated as if it were normalized
+    weight = torch.exp(m - top(m))
+    total = (weight * l).sum(-1, keepdim=True)
+    return (weight[..., None] * l[..., None] * acc).sum(-2) / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def merge_with_inverted_weights(m, l, acc):
+    weight = torch.exp(top(m) - m)
+    return (weight[..., None] * acc).sum(-2) / (weight * l).sum(-1, keepdim=True)
+
+
+def merge_without_division(m, l, acc):
+    return (torch.exp(m - top(m))[..., None] * acc).sum(-2)
+
+
+def merge_without_max(m, l, acc):                      # exp(m_s): fine until a max passes ~88
+    weight = torch.exp(m)
+    total = (weight * l).sum(-1, keepdim=True)
+    return (weight[..., None] * acc).sum(-2) / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def merge_against_the_min(m, l, acc):
+    weight = torch.exp(m - m.amin(-1, keepdim=True))
+    return (weight[..., None] * acc).sum(-2) / (weight * l).sum(-1, keepdim=True)
+
+
+def merge_max_over_heads(m, l, acc):                   # M over the wrong axis of m [B, H, S]
+    best = m.amax(-2, keepdim=True)
+    weight = torch.exp(m - torch.where(best == float("-inf"), torch.zeros_like(best), best))
+    total = (weight * l).sum(-1, keepdim=True)
+    return (weight[..., None] * acc).sum(-2) / torch.where(total > 0, total, torch.ones_like(total))
 
 
 def merge_nan_on_empty(m, l, acc):
@@ -226,11 +331,30 @@ def merge_nan_on_empty(m, l, acc):
 
 @pytest.mark.parametrize("merge, words", [
     (merge_without_weights, "weight them by exp(m_s - M)"),
+    (merge_with_unweighted_l, "the denominator adds the slices' l_s as they are"),
+    (merge_with_unweighted_acc, "the numerator adds the slices' acc_s as they are"),
     (merge_by_averaging, "averaging the slices' normalized outputs"),
+    (merge_weighting_acc_by_l, "not by exp(m_s - M) * l_s"),
+    (merge_with_inverted_weights, "upside down"),
+    (merge_without_division, "divide it by the weighted sum of the l_s"),
+    (merge_without_max, "without subtracting the largest max M"),
+    (merge_against_the_min, "M must be the largest m_s"),
+    (merge_max_over_heads, "a max over the wrong axis"),
     (merge_nan_on_empty, "exp(-inf - -inf) = NaN"),
 ])
 def test_merge_bugs_are_named(merge, words):
-    assert words in fails(ch06.check_merge_partials, merge)
+    """Each wrong weighting of l or of acc, each wrong max, a missing division: the hint names that one."""
+    message = fails(ch06.check_merge_partials, merge)
+    assert words in message and "expected:" in message and "got:" in message
+
+
+def test_every_merge_hint_is_reachable():
+    """No hint in the check's table is shadowed by an earlier one: each planted merge above gets its own."""
+    hints = {fails(ch06.check_merge_partials, merge).split("Hint: ", 1)[1] for merge in (
+        merge_without_weights, merge_with_unweighted_l, merge_with_unweighted_acc, merge_by_averaging,
+        merge_weighting_acc_by_l, merge_with_inverted_weights, merge_without_division, merge_without_max,
+        merge_against_the_min, merge_max_over_heads)}
+    assert len(hints) == len(ch06.MERGE_BUGS) == 10
 
 
 def test_merge_check_runs_without_triton(monkeypatch):

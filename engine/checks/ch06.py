@@ -12,9 +12,12 @@ checks fail with a message that says so, and the others still run.
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 import math
 import os
+import textwrap
 
 import torch
 
@@ -55,6 +58,8 @@ def launch(fn, *args, **kwargs):
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
             raise cause from None
+        if type(exc).__name__ == "CompilationError" and "Loop-carried variable" in str(exc):
+            fail(f"your kernel does not compile for this GPU: {_last_line(exc)}", hint=LOOP_CARRIED_HINT)
         if "NotImplementedError" in str(exc):   # compiled: Triton refuses the stub's `raise`
             plain = getattr(kwargs.get("kernel"), "fn", kwargs.get("kernel"))
             if callable(plain) and not hasattr(plain, "__getitem__"):
@@ -67,6 +72,67 @@ def launch(fn, *args, **kwargs):
             raise NotImplementedError(f"the kernel still raises NotImplementedError "
                                       f"({type(exc).__name__})") from None
         raise
+
+
+LOOP_CARRIED_HINT = ("a GPU compiles the loop with the type of every value it carries fixed before the loop "
+                     "starts; the interpreter, plain numpy, does not care. Start each one as a Triton value of "
+                     "its final shape and dtype: m = tl.full((), float('-inf'), tl.float32), "
+                     "l = tl.zeros((), tl.float32), acc = tl.zeros((HEAD_DIM,), tl.float32)")
+
+
+def _last_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def loop_carried_numbers(fn) -> list[tuple[str, str]]:
+    """(name, start) of each value a loop of `fn` reassigns that was started before it as a Python number.
+
+    `acc = 0.0` before a loop that makes it a vector, or `l = 0` before one that makes it a float, runs in
+    the interpreter and fails to compile on a GPU; a scalar float start (`m = float("-inf")`) compiles.
+    Which is which depends on shapes, so the interpreter's checks only warn. [] when there is no source.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(fn, "fn", fn))))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
+
+    def number(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+        if isinstance(node, ast.UnaryOp):
+            return number(node.operand)
+        if isinstance(node, ast.BinOp):
+            return number(node.left) and number(node.right)
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("float", "int")
+                and all(isinstance(a, ast.Constant) for a in node.args))
+
+    starts: dict[str, ast.AST] = {}
+    found = []
+    for stmt in body:
+        if isinstance(stmt, ast.Assign):
+            for target in stmt.targets:
+                pairs = (zip(target.elts, stmt.value.elts) if isinstance(target, ast.Tuple)
+                         and isinstance(stmt.value, ast.Tuple) else [(target, stmt.value)])
+                starts.update({t.id: v for t, v in pairs if isinstance(t, ast.Name)})
+        elif isinstance(stmt, (ast.For, ast.While)):
+            assigned = {t.id for node in ast.walk(stmt) if isinstance(node, (ast.Assign, ast.AugAssign))
+                        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                        for t in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(t, ast.Name)}
+            found += [(name, ast.unparse(starts[name])) for name in sorted(assigned)
+                      if name in starts and number(starts[name])]
+    return found
+
+
+def warn_loop_carried(fn) -> None:
+    """Print a warning line (not a failure) for each loop-carried value started as a Python number."""
+    found = loop_carried_numbers(fn)
+    if found:
+        listed = ", ".join(f"{name} = {start}" for name, start in found)
+        print(f"⚠ your kernel starts {listed} as Python numbers before the loop that changes them. Fine in "
+              f"the interpreter; on a GPU a value that becomes a vector (or an int that becomes a float) "
+              f"does not compile. Hint: {LOOP_CARRIED_HINT}")
 
 
 def _show(t: torch.Tensor, digits: int = 2) -> str:
@@ -350,6 +416,7 @@ def check_decode_kernel(kernel, seed: int = 0) -> None:
     passed(f"paged decode kernel: {len(cases)} launches (groups 1/2/4, fp32 and fp16, blocks of 3, 4 "
            f"and 16, lengths 1 to 17, tiles that cut blocks) match the torch reference on scrambled "
            f"block tables")
+    warn_loop_carried(kernel)
 
 
 @check
@@ -481,8 +548,12 @@ def _decode_in_engine(kernel, lens: list[int], bs: int, steps: int) -> None:
 
 # ---- stretch: split-K's log-sum-exp merge ----------------------------------------------------------
 
-def split_case(lens: list[int], num_splits: int, heads: int = 2, head_dim: int = 8, seed: int = 0):
-    """Partials (m, l, acc) of per-slice softmaxes, computed in torch, and the whole-history output."""
+def split_case(lens: list[int], num_splits: int, heads: int = 2, head_dim: int = 8, seed: int = 0,
+               offset: float = 0.0):
+    """Partials (m, l, acc) of per-slice softmaxes, computed in torch, and the whole-history output.
+
+    Scores are 4 x randn + `offset`: an offset of 100 puts every max past exp's float32 range (~88).
+    """
     gen = torch.Generator().manual_seed(seed)
     batch = len(lens)
     m = torch.full((batch, heads, num_splits), float("-inf"))
@@ -490,7 +561,7 @@ def split_case(lens: list[int], num_splits: int, heads: int = 2, head_dim: int =
     acc = torch.zeros(batch, heads, num_splits, head_dim)
     whole = torch.zeros(batch, heads, head_dim)
     for b, n in enumerate(lens):
-        scores = torch.randn(heads, n, generator=gen) * 4
+        scores = torch.randn(heads, n, generator=gen) * 4 + offset
         values = torch.randn(heads, n, head_dim, generator=gen)
         if n:
             whole[b] = torch.einsum("hn,hnd->hd", torch.softmax(scores, dim=-1), values)
@@ -507,12 +578,87 @@ def split_case(lens: list[int], num_splits: int, heads: int = 2, head_dim: int =
     return m, l, acc, whole
 
 
+def _merged(acc_weight: torch.Tensor, l_weight: torch.Tensor, acc: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+    """sum_s acc_weight_s acc_s / sum_s l_weight_s l_s, exactly as written (no guard against 0 or NaN)."""
+    return (acc_weight[..., None] * acc).sum(-2) / (l_weight * l).sum(-1, keepdim=True)
+
+
+def _global_max(m: torch.Tensor) -> torch.Tensor:
+    top = m.amax(-1, keepdim=True)
+    return torch.where(top == float("-inf"), torch.zeros_like(top), top)
+
+
+# The classic wrong merges, by class: (hint, what the merge returns). The weights of acc and of l, the max
+# they are taken against, and the normalization; each is recomputed on the check's inputs and compared
+# with the learner's output, and the first that reproduces it is named.
+MERGE_BUGS = {
+    "l_unweighted": (
+        "the denominator adds the slices' l_s as they are, sum_s l_s: each l_s was summed against its own "
+        "max m_s, so it needs the same weight as acc_s. Divide by sum_s exp(m_s - M) l_s",
+        lambda m, l, acc: _merged(torch.exp(m - _global_max(m)), torch.ones_like(m), acc, l)),
+    "acc_unweighted": (
+        "the numerator adds the slices' acc_s as they are, sum_s acc_s: each acc_s was summed against its "
+        "own max m_s, so it needs the same weight as l_s. Add up exp(m_s - M) acc_s",
+        lambda m, l, acc: _merged(torch.ones_like(m), torch.exp(m - _global_max(m)), acc, l)),
+    "unweighted": (
+        "each slice's l and acc were summed against its own max m_s: weight them by exp(m_s - M), with M "
+        "the largest m_s, before adding them up",
+        lambda m, l, acc: _merged(torch.ones_like(m), torch.ones_like(m), acc, l)),
+    "averaged": (
+        "averaging the slices' normalized outputs weighs a 1-key slice like a 30-key one: weight each "
+        "slice by exp(m_s - M) * l_s, i.e. sum the rescaled acc and l, then divide",
+        lambda m, l, acc: (torch.where(l[..., None] > 0, acc / l[..., None], torch.zeros_like(acc)).sum(-2)
+                           / (l > 0).sum(-1, keepdim=True).clamp(min=1))),
+    "acc_times_l": (
+        "acc_s is already a sum over the slice's keys (unnormalized, like l_s): weight it by exp(m_s - M) "
+        "alone, not by exp(m_s - M) * l_s",
+        lambda m, l, acc: _merged(torch.exp(m - _global_max(m)) * l, torch.exp(m - _global_max(m)), acc, l)),
+    "weights_inverted": (
+        "the weights are exp(M - m_s), upside down: a slice whose max m_s is below the global max M must "
+        "weigh less than 1, exp(m_s - M)",
+        lambda m, l, acc: _merged(torch.exp(_global_max(m) - m), torch.exp(_global_max(m) - m), acc, l)),
+    "no_division": (
+        "the output is the weighted sum of acc_s alone: divide it by the weighted sum of the l_s, "
+        "sum_s exp(m_s - M) l_s",
+        lambda m, l, acc: (torch.exp(m - _global_max(m))[..., None] * acc).sum(-2)),
+    "max_not_subtracted": (
+        "the weights are exp(m_s) without subtracting the largest max M: once a slice's max passes ~88, "
+        "exp overflows float32 to inf, and inf/inf is NaN. Weight by exp(m_s - M), M = max_s m_s",
+        lambda m, l, acc: _merged(torch.exp(m), torch.exp(m), acc, l)),
+    "min_instead_of_max": (
+        "M must be the largest m_s: with the smallest, an empty slice (m_s = -inf) makes M = -inf and every "
+        "weight exp(m_s - M) infinite or NaN, and otherwise the weights overflow",
+        lambda m, l, acc: _merged(torch.exp(m - m.amin(-1, keepdim=True)), torch.exp(m - m.amin(-1, keepdim=True)),
+                                  acc, l)),
+    "max_over_wrong_axis": (
+        "M is a max over the wrong axis: take it over the slices of one row (the last axis of m, "
+        "m.amax(dim=-1, keepdim=True)), not over heads or sequences",
+        lambda m, l, acc: _merged(torch.exp(m - _global_max(m.transpose(-1, -2)).transpose(-1, -2)),
+                                  torch.exp(m - _global_max(m.transpose(-1, -2)).transpose(-1, -2)), acc, l)),
+}
+
+
+def diagnose_merge(got: torch.Tensor, m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor,
+                   rows: torch.Tensor) -> str | None:
+    """The hint of the first MERGE_BUGS entry that reproduces `got` on the rows (sequence, head) `rows`."""
+    for hint, wrong in MERGE_BUGS.values():
+        with torch.no_grad():
+            emulated = wrong(m.clone(), l.clone(), acc.clone())
+        if emulated.shape == got.shape and torch.allclose(got[rows], emulated[rows], atol=1e-5, rtol=1e-5,
+                                                          equal_nan=True):
+            return hint
+    return None
+
+
+MERGE_CASES = (([1, 7, 30, 0], 4, 0.0), ([16, 3], 8, 0.0), ([50], 1, 0.0), ([9, 40, 0], 4, 100.0))
+
+
 @check
 def check_merge_partials(merge) -> None:
-    """merge(m, l, acc) equals attention over the whole history, skips empty slices, and gives 0 for
-    a row whose slices are all empty."""
-    for lens, splits in (([1, 7, 30, 0], 4), ([16, 3], 8), ([50], 1)):
-        m, l, acc, whole = split_case(lens, splits, seed=len(lens) + splits)
+    """merge(m, l, acc) equals attention over the whole history, skips empty slices, gives 0 for a row
+    whose slices are all empty, and stays finite when the scores are far past exp's range."""
+    for lens, splits, offset in MERGE_CASES:
+        m, l, acc, whole = split_case(lens, splits, seed=len(lens) + splits, offset=offset)
         got = merge(m.clone(), l.clone(), acc.clone())
         if tuple(got.shape) != tuple(whole.shape):
             fail(f"merge of {splits} splits: the output shape", tuple(whole.shape), tuple(got.shape),
@@ -520,29 +666,23 @@ def check_merge_partials(merge) -> None:
         got = got.float()
         if torch.allclose(got, whole, atol=1e-5, rtol=1e-5):
             continue
-        b = int((~torch.isclose(got, whole, atol=1e-5, rtol=1e-5)).any(dim=-1).any(dim=-1).nonzero()[0])
         real = (l > 0).any(dim=-1)                         # rows (sequence, head) with some key
-        plain = acc.sum(-2) / l.sum(-1, keepdim=True).clamp(min=1e-30)
-        normalized = acc / l.clamp(min=1e-30)[..., None] * (l > 0)[..., None]
-        averaged = normalized.sum(-2) / (l > 0).sum(-1, True).clamp(min=1)
         if not torch.allclose(got[real], whole[real], atol=1e-5, rtol=1e-5):
-            if torch.allclose(got[real], plain[real], atol=1e-5):
-                hint = ("each slice's l and acc were summed against its own max m_s: weight them by "
-                        "exp(m_s - M), with M the largest m_s, before adding them up")
-            elif torch.allclose(got[real], averaged[real], atol=1e-5):
-                hint = ("averaging the slices' normalized outputs weighs a 1-key slice like a 30-key one: "
-                        "weight each slice by exp(m_s - M) * l_s, i.e. sum the rescaled acc and l, then divide")
-            else:
-                hint = "out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, with M = max_s m_s"
+            b = int((~torch.isclose(got, whole, atol=1e-5, rtol=1e-5) & real[..., None]).any(-1).any(-1)
+                    .nonzero()[0])
+            hint = diagnose_merge(got, m, l, acc, real) or (
+                "out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, with M = max_s m_s: compare "
+                "the expected and returned rows above")
         else:
             b = int((~real).any(dim=-1).nonzero()[0])
             hint = ("a row with no keys at all (every slice empty, m = -inf) must come back as 0. NaN "
                     "comes from exp(m - M) with M = -inf too: exp(-inf - -inf) = NaN. Take M = 0 when "
                     "every slice is empty, and divide by the total only where it is > 0")
-        fail(f"merge of {splits} splits over lengths {lens}: row {b} (length {lens[b]}) differs.\n"
+        scores = f", scores near {offset:g}" if offset else ""
+        fail(f"merge of {splits} splits over lengths {lens}{scores}: row {b} (length {lens[b]}) differs.\n"
              f"  expected:\n{_show(whole[b, 0])}\n  got:\n{_show(got[b, 0])}\n", hint=hint)
     passed("merge_partials: 1, 4 and 8 splits (empty slices included) give exactly the unsplit "
-           "softmax; a row with no keys at all gives zeros")
+           "softmax, also with scores past exp's float32 range; a row with no keys at all gives zeros")
 
 
 # ---- review questions with a number or a choice for an answer ------------------------------------
