@@ -1,22 +1,30 @@
-"""`make book`: outputs from the reference solution, no solution text in the learner edition's HTML.
+"""`make book`: outputs from the reference solution, no solution text and no answer in the learner edition.
 
 The leak check is proven on the instructor edition: the same search finds every solution line there.
+No answer either: the learner pages show no ✓ line and none of the review answers (the values the
+review checks accept, taken from the checks themselves), and the search finds them in the instructor
+edition. The pages read: every figure's text is 11 px or more at the book's width (audited while the
+chapter ran), every explorer shows a picture at every position, every printed line fits 88 columns,
+no formula shows a literal \\_, and the setup cell is folded under a one-line summary.
 The built book needs no network: MathJax is served from the book itself and no page names a CDN;
 explorers are precomputed widgets; each chapter page keeps its review questions and "Going deeper"
 list, and the instructor edition shows the written answers' rubrics. (The browser checks of the same
 pages are in test_course_browser.py.)
 """
+import contextlib
 import html
+import importlib
 import json
 import re
 from html.parser import HTMLParser
+from unittest import mock
 from urllib.parse import urlparse
 
 import nbformat
 import pytest
 
-from engine.course import cells
-from engine.course.book import RUBRIC_LABEL, learner_edition
+from engine.course import cells, lint, widgets
+from engine.course.book import RUBRIC_LABEL, learner_edition, setup_summary
 from engine.course.widgets import MIME_HTML
 from engine.course.paths import chapter_files
 from fixtures.course_support import built_book, expanded, solutions_dir
@@ -109,7 +117,10 @@ def test_learner_pages_show_the_stubs_and_the_reference_outputs(book, chapters):
         assert "YOUR CODE HERE" in page and "NotImplementedError" in page
         assert "YOUR CODE HERE" not in (book["instructor"] / "chapters" / f"{chapter.stem}.html").read_text()
         edition = learner_edition(executed)
-        assert [cell.get("outputs") for cell in edition.cells] == [cell.get("outputs") for cell in executed.cells]
+        hidden = set(cells.shows_an_answer(executed.cells))
+        assert hidden and all(not edition.cells[i].get("outputs") for i in hidden)
+        assert [cell.get("outputs") for i, cell in enumerate(edition.cells) if i not in hidden] == \
+            [cell.get("outputs") for i, cell in enumerate(executed.cells) if i not in hidden]
         errors = [o for cell in executed.cells for o in cell.get("outputs", []) if o.output_type == "error"]
         assert not errors, f"{chapter.stem}: the reference solution raised {errors[0].ename}"
 
@@ -122,7 +133,7 @@ def is_explorer(output) -> bool:
 def test_every_figure_of_the_executed_chapter_is_on_its_page(book, chapters):
     for chapter, executed in chapters:
         figures = sum("image/png" in output.get("data", {}) and not is_explorer(output)
-                      for cell in executed.cells for output in cell.get("outputs", []))
+                      for cell in learner_edition(executed).cells for output in cell.get("outputs", []))
         page = book["learner"] / "chapters" / f"{chapter.stem}.html"
         images = [src for src in _image_sources(page.read_text()) if "_images/" in src]
         assert len(images) == figures, f"{chapter.stem}: {figures} figures executed, {len(images)} on the page"
@@ -274,3 +285,180 @@ def visible_lines_of(page) -> list[str]:
     parser = _Text()
     parser.feed(page.read_text())
     return [" ".join(html.unescape(line).split()) for line in "".join(parser.parts).splitlines() if line.strip()]
+
+
+
+# ---- no answers in the learner book ---------------------------------------------------------------------------
+
+class _Outputs(HTMLParser):
+    """The text of a page's output areas (div.cell_output), scripts left out, one string per area."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.areas, self.depth, self.script = [], 0, False
+
+    def handle_starttag(self, tag, attrs):
+        classes = (dict(attrs).get("class") or "").split()
+        if tag == "div" and (self.depth or "cell_output" in classes):
+            if not self.depth:
+                self.areas.append("")
+            self.depth += 1
+        self.script = self.script or tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style"):
+            self.script = False
+        elif tag == "div" and self.depth:
+            self.depth -= 1
+
+    def handle_data(self, data):
+        if self.depth and not self.script:
+            self.areas[-1] += data
+
+
+def output_text(page) -> str:
+    parser = _Outputs()
+    parser.feed(page.read_text())
+    return "\n".join(html.unescape(area) for area in parser.areas)
+
+
+class _Said(BaseException):
+    """Stops a review check once it has named its answer (a BaseException: @check lets it through)."""
+
+
+def _head(praise: str) -> str | None:
+    """The start of a check's praise, up to a colon, a semicolon or a bracket: '552 tokens prefilled'."""
+    head = re.split(r"[:;(]", praise)[0].strip()
+    return head if len(head) >= 12 else None
+
+
+def _number_forms(want: float, praise: str) -> list[str]:
+    """How a printed number would give the answer away (only numbers of 3 digits or more: '164,160')."""
+    if float(want) != int(want) or abs(want) < 100:
+        return []
+    forms = {f"{int(want):,}", f"{int(want)}"}
+    if "bytes" in praise and want >= 1024:
+        forms.add(f"{want / 1024:.2f} KiB")
+    return sorted(forms)
+
+
+def review_answers(chapter, executed) -> dict[str, list[str]]:
+    """{review test grade id: texts that give its answer away}. A review test checks an answer the learner
+    sets in the cell before it (`r1_answer = None`); the texts come from the check's own call of
+    review_number / review_choice (the praise, the number), else from the ✓ line it printed."""
+    source = expanded(chapter)
+    modules = {name: importlib.import_module(f"engine.checks.{name}") for name in
+               sorted({m for cell in source.cells for m in re.findall(r"\b(ch\d\d)\.check_", cell.source)})}
+    printed = {cells.grade_id(c): "".join(o.get("text", "") for o in c.get("outputs", [])) for c in executed.cells}
+    found = {}
+    for before, cell in zip(source.cells, source.cells[1:]):
+        names = re.findall(r"^(\w+) = None\b", before.source, re.M) if cells.is_solution(before) else []
+        if not (cells.is_test(cell) and names and any(re.search(rf"\b{n}\b", cell.source) for n in names)):
+            continue
+        said: list[str] = []
+
+        def number(answer, question, variable, want, praise, *args, **kwargs):
+            said.extend([h for h in [_head(praise)] if h] + _number_forms(want, praise))
+            raise _Said
+
+        def choice(answer, question, variable, right, praise, *args, **kwargs):
+            said.extend(h for h in [_head(praise)] if h)
+            raise _Said
+
+        with contextlib.ExitStack() as patches:
+            for module in modules.values():
+                for name, recorder in (("review_number", number), ("review_choice", choice)):
+                    if hasattr(module, name):
+                        patches.enter_context(mock.patch.object(module, name, recorder))
+            with contextlib.suppress(_Said, Exception):
+                exec(cell.source, {**modules, **{name: None for name in names}})
+        if not said:  # a check with its own wording: what its ✓ line said
+            tick = next((line for line in printed.get(cells.grade_id(cell), "").splitlines() if "✓" in line), "")
+            said = [h for h in [_head(re.sub(r"^\s*✓\s*(\w+:\s*)?", "", tick))] if h]
+        found[cells.grade_id(cell)] = said
+    return found
+
+
+def leaks(text: str, answers: dict[str, list[str]]) -> list[str]:
+    """'grade_id: form' for each answer text found in text, and each ✓ line."""
+    found = [f"{grade_id}: {form!r}" for grade_id, forms in answers.items() for form in forms
+             if re.search(rf"(?<![\w.,]){re.escape(form)}(?![\w]|[.,]\d)", text)]
+    return found + [f"a ✓ line: {line.strip()[:60]!r}" for line in text.splitlines() if line.lstrip().startswith("✓")]
+
+
+def test_the_learner_book_prints_no_answer_and_the_instructor_book_does(book, chapters):
+    """No ✓ line and no review answer in any output of a learner page; the same search finds both in
+    the instructor edition (proof that it looks where the answers would be)."""
+    asked = 0
+    for chapter, executed in chapters:
+        answers = review_answers(chapter, executed)
+        asked += len(answers)
+        assert all(answers.values()), f"{chapter.stem}: no answer text found for {answers}"
+        learner = leaks(output_text(book["learner"] / "chapters" / f"{chapter.stem}.html"), answers)
+        assert not learner, f"{chapter.stem}: the learner book gives answers away: {learner[:6]}"
+        instructor = leaks(output_text(book["instructor"] / "chapters" / f"{chapter.stem}.html"), answers)
+        shown = {leak.split(":")[0] for leak in instructor}
+        assert set(answers) <= shown and any("✓" in leak for leak in instructor), \
+            f"{chapter.stem}: the search misses answers in the instructor book: {sorted(set(answers) - shown)}"
+    assert asked >= 10, f"only {asked} review questions found"
+
+
+def test_the_answer_search_catches_a_printed_answer():
+    answers = {"ch05_test_r1": ["552 tokens prefilled", "552"]}
+    assert leaks("prompt tokens 832, prefilled 552 in all", answers) == ["ch05_test_r1: '552'"]
+    assert leaks("5520 tokens, 1,552 blocks, 5.52 GiB", answers) == []
+    assert leaks("  ✓ R1: right", {}) == ["a ✓ line: '✓ R1: right'"]
+
+
+# ---- the pages read ------------------------------------------------------------------------------------------
+
+def test_every_figure_reads_at_the_books_width(book, chapters):
+    """The chapter's run audited every figure it showed (engine/course/figures): none has text that shows
+    under 11 px at the book's width."""
+    for chapter, executed in chapters:
+        audited = executed.metadata["course"]["figures"]
+        pictures = sum("image/png" in o.get("data", {}) for c in executed.cells for o in c.get("outputs", []))
+        assert len(audited) >= pictures > 0 or not pictures, f"{chapter.stem}: {len(audited)} figures audited"
+        small = [f"{f['where']} ({f['figure']!r}): {f['small'][:2]}" for f in audited if f["small"]]
+        assert not small, f"{chapter.stem}: text too small at the book's width: {small[:3]}"
+
+
+def test_every_explorer_shows_a_picture_at_every_position(chapters):
+    for chapter, executed in chapters:
+        for cell in executed.cells:
+            for output in cell.get("outputs", []):
+                if is_explorer(output):
+                    data = json.loads(re.search(r'class="course-explorer-data">(.*?)</script>',
+                                                output["data"][MIME_HTML], re.S).group(1).replace("<\\/", "</"))
+                    empty = widgets.states_without_picture(data)
+                    assert not empty, (f"{chapter.stem} {cells.grade_id(cell)}: {len(empty)} of "
+                                       f"{len(data['states'])} positions show no picture (states {empty[:8]})")
+
+
+def test_every_printed_line_fits_88_columns(chapters):
+    problems = [p for chapter, executed in chapters for p in lint.output_problems(executed, chapter.name)]
+    assert not problems, f"{len(problems)} printed lines wider than {lint.WIDTH} columns:\n" + "\n".join(problems[:12])
+
+
+MATH = re.compile(r'<(?:span|div) class="math[^"]*">(.*?)</(?:span|div)>', re.S)
+
+
+def test_no_formula_shows_a_literal_backslash_underscore(book, chapters):
+    """A formula whose TeX holds `\\_` (kv\\_len) shows the backslash on the page: every formula of every
+    learner page is searched (a name with underscores belongs in code, not in math)."""
+    offenders = []
+    for page in sorted(book["learner"].rglob("*.html")):
+        if "_static" in page.parts:
+            continue
+        offenders += [f"{page.relative_to(book['learner'])}: {html.unescape(tex)[:60]!r}"
+                      for tex in MATH.findall(page.read_text()) if "\\_" in html.unescape(tex)]
+    assert not offenders, f"formulas with a literal \\_: {offenders}"
+
+
+def test_the_setup_cell_is_folded_under_a_one_line_summary(book, chapters):
+    for chapter, executed in chapters:
+        page = (book["learner"] / "chapters" / f"{chapter.stem}.html").read_text()
+        setup = next(cell for cell in executed.cells if cells.is_setup(cell))
+        summary = setup_summary(setup.source)
+        assert re.match(r"Setup: \d+ imports?", summary), summary
+        assert 'class="cell tag_hide-input' in page and html.escape(summary, quote=False) in page, chapter.stem

@@ -3,10 +3,14 @@
 Headless Chromium (the system's, driven by Playwright's Python package) opens each chapter page of the
 learner edition from disk, as a reader does, with every non-local request refused: each formula must be
 typeset by the book's own MathJax, each figure decoded, and moving an explorer's control must swap its
-picture with no kernel behind the page. Search must find every chapter. `make book-pdf`'s PDF is
-rendered page by page with pdftoppm. Screenshots go to build/artifacts/. Without Chromium these tests
+picture with no kernel behind the page. At a 1,280 px window no code or output box scrolls sideways
+and 88 columns of code fit a code box. Search must find every chapter. `make book-pdf`'s PDF numbers
+every page, has an outline naming every chapter, cuts no box at the margin (measured in print layout)
+and leaves no empty box behind a split one (pdftoppm's pages searched for a tall empty grey frame).
+Screenshots go to build/artifacts/. Without Chromium these tests
 skip with a one-line hint; in CI (CI=true) they fail instead (tests/fixtures/browser_support.py).
 """
+import html
 import re
 import subprocess
 
@@ -37,6 +41,23 @@ PAGE_JS = """() => {
     explorers: document.querySelectorAll('.course-explorer').length,
     ready: document.querySelectorAll('.course-explorer[data-ready="1"]').length,
   };
+}"""
+BOXES_JS = """() => {
+  const boxes = Array.from(document.querySelectorAll('main pre')).filter(el => el.offsetWidth > 0);
+  const code = boxes.find(el => el.closest('.cell_input'));
+  let room = 0, columns = 0;
+  if (code) {
+    const probe = document.createElement('span');
+    probe.textContent = 'x'.repeat(88);
+    code.appendChild(probe);
+    columns = probe.getBoundingClientRect().width;
+    probe.remove();
+    const style = getComputedStyle(code);
+    room = code.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  }
+  return {boxes: boxes.length, room: room, columns88: columns,
+          scrolling: boxes.filter(el => el.scrollWidth > el.clientWidth + 1).map(
+              el => el.textContent.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '').slice(0, 80))};
 }"""
 EXPLORER_JS = """el => ({
   state: el.dataset.state,
@@ -70,9 +91,9 @@ def executed_notebook(book, chapter):
 
 
 def static_figures(notebook) -> int:
-    """Figures the chapter drew outside its explorers."""
+    """Figures the learner page shows outside its explorers (the learner edition drops the answers' outputs)."""
     return sum("image/png" in o.get("data", {}) and 'class="course-explorer"' not in o["data"].get("text/html", "")
-               for cell in notebook.cells for o in cell.get("outputs", []))
+               for cell in course_book.learner_edition(notebook).cells for o in cell.get("outputs", []))
 
 
 def has_math(notebook) -> bool:
@@ -127,6 +148,11 @@ def test_chapter_page_offline_math_figures_and_explorers(book, offline, chapter)
     assert not found["untypeset"], f"{chapter.stem}: formulas left as TeX: {found['untypeset'][:3]}"
     assert found["errors"] == 0 and (found["math"] == 0 or found["mathWidth"] > 0)
 
+    boxes = page.evaluate(BOXES_JS)
+    assert boxes["boxes"] > 0 and not boxes["scrolling"], \
+        f"{chapter.stem}: {len(boxes['scrolling'])} of {boxes['boxes']} boxes scroll sideways: {boxes['scrolling'][:3]}"
+    assert 0 < boxes["columns88"] <= boxes["room"], f"{chapter.stem}: 88 columns of code do not fit a code box: {boxes}"
+
     assert found["ready"] == found["explorers"], f"{chapter.stem}: {found} (an explorer's script did not run)"
     for k in range(found["explorers"]):
         explorer = page.locator(".course-explorer").nth(k)
@@ -162,6 +188,57 @@ def book_pdf(book):
             executed = {c.stem: executed_notebook(book, c) for c in CHAPTERS}
             course_book.build_pdf(executed, pdf, stage_dir=pdf.parent / "stage")
     return pdf
+
+
+def empty_frames(png_path, min_rows: int) -> int:
+    """The tallest run of rows of a page that are box background (light grey over half the width) and hold
+    no text: what a box moved to the next page leaves behind. 0 when there is none as tall as min_rows."""
+    import numpy
+    from PIL import Image
+
+    page = numpy.asarray(Image.open(png_path).convert("L")).astype(int)
+    grey = ((page >= 236) & (page <= 250)).sum(axis=1) > 0.5 * page.shape[1]
+    ink = (page < 160).sum(axis=1) > 3
+    run = best = 0
+    for is_grey, has_ink in zip(grey, ink):
+        run = run + 1 if is_grey and not has_ink else 0
+        best = max(best, run)
+    return best if best >= min_rows else 0
+
+
+PRINT_JS = """() => Array.from(document.querySelectorAll('pre')).filter(el => el.offsetWidth > 0).map(
+    el => el.scrollWidth > el.clientWidth + 1)"""
+
+
+def test_the_book_pdf_numbers_every_page_has_an_outline_and_cuts_no_box(browser, book, book_pdf, tmp_path):
+    pdftoppm, pdftotext = need_tool("pdftoppm", "poppler-utils"), need_tool("pdftotext", "poppler-utils")
+    pdftohtml = need_tool("pdftohtml", "poppler-utils")
+    info = subprocess.run([need_tool("pdfinfo", "poppler-utils"), str(book_pdf)], capture_output=True, text=True,
+                          check=True).stdout
+    pages = int(re.search(r"^Pages:\s+(\d+)", info, re.M).group(1))
+    text = subprocess.run([pdftotext, "-layout", str(book_pdf), "-"], capture_output=True, text=True,
+                          check=True).stdout
+    numbered = [n for n, page in enumerate(text.split("\f")[:pages], start=1) if f"{n} / {pages}" in page]
+    assert len(numbered) == pages, f"{pages - len(numbered)} of {pages} pages have no page number"
+    outline = subprocess.run([pdftohtml, "-xml", "-i", "-q", "-stdout", str(book_pdf)], capture_output=True,
+                             text=True, check=True).stdout
+    items = [html.unescape(item) for item in re.findall(r"<item[^>]*>(.*?)</item>", outline)]
+    for chapter in CHAPTERS:
+        title = executed_notebook(book, chapter).cells[0].source.splitlines()[0].lstrip("# ").strip()
+        assert any(title[:30] in item for item in items), f"the PDF's outline lacks {title!r}: {items[:10]}"
+    subprocess.run([pdftoppm, "-png", "-r", "30", str(book_pdf), str(tmp_path / "p")], check=True)
+    frames = {png.stem: rows for png in sorted(tmp_path.glob("p-*.png")) if (rows := empty_frames(png, 30))}
+    assert not frames, f"pages with an empty box of 25 mm or more (rows at 30 dpi): {frames}"
+    single = book_pdf.parent / "stage-singlehtml" / "intro.html"
+    context = browser.new_context(viewport={"width": 703, "height": 1000})  # A4 less the margins, in CSS px
+    try:
+        page = context.new_page()
+        page.goto(single.as_uri(), wait_until="load")
+        page.emulate_media(media="print")
+        cut = page.evaluate(PRINT_JS)
+    finally:
+        context.close()
+    assert cut and not any(cut), f"{sum(cut)} of {len(cut)} boxes are cut at the margin in print"
 
 
 def test_the_book_pdf_has_every_chapter_with_typeset_math(book, book_pdf, tmp_path):
