@@ -71,3 +71,13 @@ def test_without_cuda_it_checks_in_the_interpreter():
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert "needs a CUDA device" in lines[0]["note"] and lines[1]["ok"] is True
+
+
+@needs_triton
+def test_chapter_comparison_runs_a_learner_kernel():
+    """compare_kernels, the chapter's bandwidth cell, with a plain function as the learner's kernel (fp16)."""
+    attention_pkg.prepare_triton()
+    from engine.attention.triton_decode import paged_decode_head_program
+    rows = bench_decode.compare_kernels(1, 20, kernel=paged_decode_head_program, device="cpu", timer=fake_timer)
+    assert [r["impl"] for r in rows] == ["sdpa_contiguous", "per_head_kernel", "grouped_kernel"]
+    assert all(r["max_abs_diff_vs_sdpa"] < 5e-3 and r["peak_gbs"] is None for r in rows)
