@@ -17,7 +17,8 @@ FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
 # The dataclass's short names for config.json's fields, for messages.
 HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
             "num_kv_heads": "num_key_value_heads"}
-# RoPE rotates each query and key in pairs of dimensions (the first half against the second).
+# RoPE rotates each query and key in pairs of dimensions (the first half against the second). An odd
+# head_dim is a fine shape for byte arithmetic (chapter 1), so the model and strict loading refuse it.
 ROPE_NEEDS_EVEN = "rotary position embeddings rotate pairs of dimensions, so head_dim must be even"
 
 @dataclass(frozen=True)
@@ -46,8 +47,6 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise InputError(f"config: num_attention_heads {self.num_heads} is not a multiple of "
                              f"num_key_value_heads {self.num_kv_heads}")
-        if self.head_dim % 2:
-            raise InputError(f"config: head_dim {self.head_dim} is odd: {ROPE_NEEDS_EVEN}")
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
             raise InputError(f"config: rope_theta must be a finite number > 0, got {self.rope_theta}")
         if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps >= 0):

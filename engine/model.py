@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from engine.attention.sdpa import attention   # fused; engine.attention.reference is the ground truth
-from engine.config import ModelConfig
+from engine.config import ROPE_NEEDS_EVEN, ModelConfig
 from engine.errors import InputError
 
 
@@ -121,6 +121,8 @@ class Qwen3Model(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if cfg.head_dim % 2:
+            raise InputError(f"config: head_dim {cfg.head_dim} is odd: {ROPE_NEEDS_EVEN}")
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
