@@ -197,7 +197,9 @@ YourReserve = PagedKVCache
 #
 # ```python
 # kv_lens = self.write(layer, k, v, positions)
-# return self.gather(self.k_pools[layer], kv_lens), self.gather(self.v_pools[layer], kv_lens), kv_lens
+# keys = self.gather(self.k_pools[layer], kv_lens)
+# values = self.gather(self.v_pools[layer], kv_lens)
+# return keys, values, kv_lens
 # ```
 #
 # **Write.** Row $b$ of the batch writes position $p = $ `positions[b, t]` to physical block
@@ -280,7 +282,7 @@ def show_pool(block_size=4, seed=0):
     figures.draw_pool(cache)
 
 
-# A static view first; in JupyterLab, controls below it redraw the view (engine/course/widgets.py).
+# A static view first; in JupyterLab, the controls above the picture redraw it.
 explorer(show_pool, block_size=([2, 4, 8], 4), seed=(0, 3, 0))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch03_ex3_md", "locked": true, "schema_version": 3, "solution": false}

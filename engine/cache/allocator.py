@@ -23,11 +23,11 @@ class BlockAllocator:
         self.refs = [0] * num_blocks
 
     def allocate(self, n: int = 1) -> list[int]:
-        """Take n free blocks, each with count 1; all or nothing, so a failure changes no state."""
+        """Take n free blocks, count 1 each; all or nothing: failing changes nothing."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"can only allocate an int >= 0 of blocks, got {n!r}")
         if n > len(self.free):
-            raise OutOfBlocks(n, len(self.free))       # checked before touching the free list
+            raise OutOfBlocks(n, len(self.free))   # before touching the free list
         blocks = [self.free.popleft() for _ in range(n)]
         for block in blocks:
             self.refs[block] = 1
@@ -41,10 +41,11 @@ class BlockAllocator:
         self.refs[block] += 1
 
     def release(self, block: int) -> None:
-        """Drop one owner; the last owner's release returns the block to the free list."""
+        """Drop one owner; the last owner's release frees the block."""
         self.check_id(block)
         if self.refs[block] == 0:
-            raise BlockRefError(block, f"block {block} released too often: it is already free")
+            raise BlockRefError(block,
+                                f"block {block} released too often: it is already free")
         self.refs[block] -= 1
         if self.refs[block] == 0:
             self.free.append(block)

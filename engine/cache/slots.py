@@ -20,7 +20,7 @@ def check_block_size(block_size) -> int:
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """How many blocks hold num_tokens tokens: the ceiling of num_tokens / block_size."""
+    """How many blocks hold num_tokens tokens: num_tokens / block_size, rounded up."""
     check_block_size(block_size)
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
@@ -28,37 +28,41 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 
 
 def physical_slot(table: Sequence[int], pos: int, block_size: int) -> tuple[int, int]:
-    """(physical block, offset inside it) of logical position pos, read through the block table."""
+    """(physical block, offset inside it) of logical position pos, through the table."""
     check_block_size(block_size)
-    if not 0 <= pos < len(table) * block_size:
-        raise IndexError(f"position {pos} is outside the {len(table)} block(s) of this table "
-                         f"({len(table) * block_size} slots of block_size {block_size})")
+    slots = len(table) * block_size
+    if not 0 <= pos < slots:
+        raise IndexError(f"position {pos} is outside the {len(table)} block(s) of this "
+                         f"table ({slots} slots of block_size {block_size})")
     return table[pos // block_size], pos % block_size
 
 
 def slot_index(table: Sequence[int], pos: int, block_size: int) -> int:
-    """The flat slot of position pos: table[pos // block_size] * block_size + pos % block_size."""
+    """Flat slot of position pos: table[pos // block_size] * block_size + offset."""
     block, offset = physical_slot(table, pos, block_size)
     return block * block_size + offset
 
 
-def slot_mapping(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Flat slots [B, T] for positions [B, T] through block_tables [B, M]; padding (-1) stays -1.
+def slot_mapping(block_tables: torch.Tensor, positions: torch.Tensor,
+                 block_size: int) -> torch.Tensor:
+    """Flat slots [B, T] for positions [B, T] through block_tables [B, M]; -1 stays -1.
 
-    The caller guarantees every valid position falls inside its row's table (reserve did that).
+    The caller makes sure each valid position lies inside its row's table (reserve did).
     """
     check_block_size(block_size)
-    if block_tables.dim() != 2 or positions.dim() != 2 or block_tables.shape[0] != positions.shape[0]:
-        raise ValueError(f"block_tables {tuple(block_tables.shape)} and positions {tuple(positions.shape)} "
-                         "must be [B, M] and [B, T] with the same B")
+    tables, rows = tuple(block_tables.shape), tuple(positions.shape)
+    if len(tables) != 2 or len(rows) != 2 or tables[0] != rows[0]:
+        raise ValueError(f"block_tables {tables} and positions {rows} must be [B, M] "
+                         "and [B, T] with the same B")
     valid = positions >= 0
-    safe = positions.clamp(min=0)               # padding reads column 0, then is masked back to -1
+    safe = positions.clamp(min=0)      # padding reads column 0, then is masked to -1
     columns = safe // block_size
-    if bool((columns[valid] >= block_tables.shape[1]).any()):
+    if bool((columns[valid] >= tables[1]).any()):
         longest = int(positions.max())
-        raise IndexError(f"position {longest} needs block column {longest // block_size}, but the "
-                         f"block tables have {block_tables.shape[1]} column(s)")
-    if block_tables.shape[1] == 0:              # nothing but padding, and no blocks to look up
+        raise IndexError(f"position {longest} needs block column "
+                         f"{longest // block_size}, but the block tables have "
+                         f"{tables[1]} column(s)")
+    if tables[1] == 0:                 # nothing but padding, and no blocks to look up
         return torch.full_like(positions, -1)
     blocks = torch.gather(block_tables.long(), 1, columns)
     slots = blocks * block_size + safe % block_size
