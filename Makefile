@@ -47,14 +47,25 @@ test-lab: setup
 test-fast: setup
 	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow and not browser"
 
-# JupyterLab on notebooks/ (LAB_DIR, LAB_ARGS: used by tests/test_lab_notebooks.py). As root (containers,
-# cloud machines) it adds --allow-root; jupyter prints the address with its token below the first line.
+# JupyterLab on notebooks/ (LAB_DIR, LAB_ARGS, LAB_LOG: used by tests/test_lab_notebooks.py). As root
+# (containers, cloud machines) it adds --allow-root. The learner's lab has no nbgrader instructor menus and
+# no news pop-up (engine/course/learner_lab/, first on JUPYTER_CONFIG_PATH for this lab only); jupyter's
+# log goes to LAB_LOG, and the address to open, with its token, is the last line printed.
 LAB_DIR ?= notebooks
 LAB_ARGS ?=
+LAB_LOG ?= build/lab.log
 LAB_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: setup
-	@echo "make lab: JupyterLab on $(LAB_DIR)/; open the http://localhost:...?token=... address printed below in your browser (Ctrl-C stops it)"
-	$(BIN)/jupyter lab $(LAB_DIR) $(LAB_ROOT) $(LAB_ARGS)
+	@echo "make lab: JupyterLab on $(LAB_DIR)/ (its log: $(LAB_LOG); Ctrl-C stops it)"
+	@mkdir -p $(dir $(LAB_LOG)); : >$(LAB_LOG); \
+	JUPYTER_CONFIG_PATH="$(abspath engine/course/learner_lab)$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	  $(BIN)/jupyter lab $(LAB_DIR) $(LAB_ROOT) $(LAB_ARGS) >$(LAB_LOG) 2>&1 </dev/null & lab=$$!; \
+	trap 'kill $$lab 2>/dev/null; wait $$lab; exit 0' INT TERM; \
+	until grep -qE 'https?://[^ ]+/lab\?token=' $(LAB_LOG) || ! kill -0 $$lab 2>/dev/null; do sleep 0.3; done; \
+	address=$$(grep -oE 'http://(127\.0\.0\.1|localhost)[^ ]*/lab\?token=[^ ]*' $(LAB_LOG) | tail -1); \
+	if [ -z "$$address" ]; then tail -n 30 $(LAB_LOG); echo "make lab: JupyterLab did not start (log: $(LAB_LOG))"; exit 1; fi; \
+	echo "Open this address in your browser:"; echo "$$address"; \
+	wait $$lab
 
 release: setup
 	$(PY) -m engine.course.release

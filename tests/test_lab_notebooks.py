@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import nbformat
@@ -81,7 +82,8 @@ def make_lab(root, extra_env: dict | None = None):
     args = f"--no-browser --port={port} --ServerApp.ip=127.0.0.1 --IdentityProvider.token={TOKEN}"
     log_path = root / "lab.log"
     log = open(log_path, "w")
-    process = subprocess.Popen(["make", "-s", "lab", f"LAB_DIR={folder}", f"LAB_ARGS={args}"], cwd=REPO, env=env,
+    process = subprocess.Popen(["make", "-s", "lab", f"LAB_DIR={folder}", f"LAB_ARGS={args}",
+                                f"LAB_LOG={root / 'jupyter.log'}"], cwd=REPO, env=env,
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -100,6 +102,10 @@ def make_lab(root, extra_env: dict | None = None):
         printed = log_path.read_text()
         assert printed.startswith("make lab: JupyterLab on"), printed[:300]
         assert address in printed, f"make lab does not print where to open it:\n{printed}"
+        lines = printed.strip().splitlines()
+        assert lines[-1].startswith(address), f"the address is not the last line make lab prints:\n{printed}"
+        assert len(lines) <= 4, f"make lab prints jupyter's log instead of keeping it in its log file:\n{printed}"
+        learner_lab_is_the_learners(base)
         yield {"base": base, "folder": folder}
     finally:
         os.killpg(process.pid, signal.SIGTERM)
@@ -108,6 +114,20 @@ def make_lab(root, extra_env: dict | None = None):
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
         log.close()
+
+
+def learner_lab_is_the_learners(base: str) -> None:
+    """The page turns off nbgrader's instructor menus and the news pop-up; the formgrader is not served."""
+    page = urllib.request.urlopen(f"{base}/lab?token={TOKEN}", timeout=30).read().decode()
+    for extension in ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
+                      "@jupyterlab/apputils-extension:announcements"):
+        assert extension in page, f"make lab's page does not disable {extension}"
+    try:
+        urllib.request.urlopen(f"{base}/formgrader?token={TOKEN}", timeout=30)
+        served = True
+    except urllib.error.HTTPError as error:
+        served = error.code != 404
+    assert not served, "make lab serves nbgrader's formgrader (an instructor tool) to the learner"
 
 
 @pytest.fixture(scope="module")
