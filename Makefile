@@ -57,13 +57,13 @@ LAB_LOG ?= build/lab.log
 LAB_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: setup
 	@echo "make lab: JupyterLab on $(LAB_DIR)/ (its log: $(LAB_LOG); Ctrl-C stops it)"
-	@mkdir -p $(dir $(LAB_LOG)); : >$(LAB_LOG); \
+	@mkdir -p "$(dir $(LAB_LOG))"; : >"$(LAB_LOG)"; \
 	JUPYTER_CONFIG_PATH="$(abspath engine/course/learner_lab)$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
-	  $(BIN)/jupyter lab $(LAB_DIR) $(LAB_ROOT) $(LAB_ARGS) >$(LAB_LOG) 2>&1 </dev/null & lab=$$!; \
+	  $(BIN)/jupyter lab "$(LAB_DIR)" $(LAB_ROOT) $(LAB_ARGS) >"$(LAB_LOG)" 2>&1 </dev/null & lab=$$!; \
 	trap 'kill $$lab 2>/dev/null; wait $$lab; exit 0' INT TERM; \
-	until grep -qE 'https?://[^ ]+/lab\?token=' $(LAB_LOG) || ! kill -0 $$lab 2>/dev/null; do sleep 0.3; done; \
-	address=$$(grep -oE 'http://(127\.0\.0\.1|localhost)[^ ]*/lab\?token=[^ ]*' $(LAB_LOG) | tail -1); \
-	if [ -z "$$address" ]; then tail -n 30 $(LAB_LOG); echo "make lab: JupyterLab did not start (log: $(LAB_LOG))"; exit 1; fi; \
+	until grep -qE 'https?://[^ ]+/lab\?token=' "$(LAB_LOG)" || ! kill -0 $$lab 2>/dev/null; do sleep 0.3; done; \
+	address=$$(grep -oE 'http://(127\.0\.0\.1|localhost)[^ ]*/lab\?token=[^ ]*' "$(LAB_LOG)" | tail -1); \
+	if [ -z "$$address" ]; then tail -n 30 "$(LAB_LOG)"; echo "make lab: JupyterLab did not start (log: $(LAB_LOG))"; exit 1; fi; \
 	echo "Open this address in your browser:"; echo "$$address"; \
 	wait $$lab
 
@@ -72,13 +72,13 @@ release: setup
 
 DIR ?= notebooks
 grade: setup
-	$(PY) -m engine.course.grade $(DIR)
+	$(PY) -m engine.course.grade "$(DIR)"
 
 SUBMISSIONS ?= submissions
 JOBS ?= 2
 SANDBOX ?= auto
 autograde: setup
-	$(PY) -m engine.course.autograde $(SUBMISSIONS) --jobs $(JOBS) --sandbox $(SANDBOX)
+	$(PY) -m engine.course.autograde "$(SUBMISSIONS)" --jobs "$(JOBS)" --sandbox "$(SANDBOX)"
 
 # What an instructor hands out: the chapters named, an engine stubbed for every chapter not unlocked.
 CHAPTERS ?=
@@ -102,7 +102,7 @@ bench: setup
 # on CUDA, every chapter notebook; one JSON, OUT=file or folder (default $$OUT/ or build/gpu_check.json).
 .PHONY: gpu-check
 gpu-check:
-	bash engine/attention/gpu_check.sh $(OUT)
+	bash engine/attention/gpu_check.sh $(if $(OUT),"$(OUT)")
 
 # Re-resolve constraints.txt from requirements.txt (needs the registry).
 lock:

@@ -232,3 +232,11 @@ def test_a_notebook_with_every_cell_deleted_says_what_is_missing(tmp_path, solut
     assert "NameError" in next(e.message for e in result.exercises if e.grade_id == "test_square")
     table = format_table([result], [])
     assert "the notebook's cells were changed" in table
+
+
+def test_make_grade_takes_a_folder_whose_name_has_a_space(tmp_path):
+    folder = tmp_path / "my notebooks"
+    folder.mkdir()
+    done = subprocess.run(["make", "-s", "grade", f"DIR={folder}"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"no notebook for ch02_block_tables in {folder}" in done.stdout + done.stderr
