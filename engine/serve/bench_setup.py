@@ -72,8 +72,6 @@ class Setup:
             self.check()
             return
         check_device(self.device)
-        if self.device == "cpu":
-            torch.set_num_threads(1)           # a tiny model: threads only add contention
         self.dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
         if args.model_config:
             from engine.config import known_config
@@ -108,6 +106,8 @@ class Setup:
 
     def build_model(self):
         """The real run's model: random weights of --model-config's shape, or the tiny model cut down."""
+        if self.device == "cpu":
+            torch.set_num_threads(1)           # a tiny model: threads only add contention
         if self.args.model_config:
             return random_model(self.config, self.device, self.dtype)
         from engine.checkpoint import tiny_model
