@@ -1,9 +1,22 @@
-"""`make autograde`: how submissions are laid out and collected (the nbgrader run itself is in test_course_pipeline)."""
+"""`make autograde`: how submissions are laid out and collected, and a class that always gets its grades.
+
+The last tests run one autograde (nbgrader's own commands, no sandbox: the sandboxed run is in
+test_grade_sandbox) over the fixture chapter with students whose folder names nbgrader cannot take as
+ids and students whose notebook cannot be graded at all: everyone else gets a grade and feedback,
+everyone appears in grades.csv, and each fault is reported by name.
+"""
+import contextlib
+import csv
+import io
+import os
+
+import nbformat
 import pytest
 
-from engine.course.autograde import collect, summary
+from engine.course import cells
+from engine.course.autograde import collect, main, not_graded, student_ids, summary
 from engine.course.nbgrader_course import write_config
-from fixtures.course_support import FIXTURE_CHAPTER
+from fixtures.course_support import BUILD, FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, expanded, stubbed, write_notebook
 
 
 def test_submissions_are_collected_into_nbgraders_layout(tmp_path):
@@ -12,10 +25,13 @@ def test_submissions_are_collected_into_nbgraders_layout(tmp_path):
         (submissions / student).mkdir(parents=True)
         (submissions / student / "ch99_fixture.ipynb").write_text("{}")
     (submissions / "bob" / "notes.ipynb").write_text("{}")
-    copied, notes = collect(submissions, course, [FIXTURE_CHAPTER])
-    assert sorted(p.relative_to(course).as_posix() for p in copied) == [
+    for student in ("ada", "bob"):
+        write_notebook(stubbed(expanded(FIXTURE_CHAPTER)), submissions / student, "ch99_fixture")
+    roster = collect(submissions, course, [FIXTURE_CHAPTER])
+    assert sorted(p.relative_to(course).as_posix() for p in roster.copied) == [
         "submitted/ada/ch99/ch99_fixture.ipynb", "submitted/bob/ch99/ch99_fixture.ipynb"]
-    assert len(notes) == 1 and "notes.ipynb: not a chapter notebook (ch99_fixture)" in notes[0]
+    assert [f.line() for f in roster.faults] == ["bob/notes.ipynb: no chapter of this course is named notes "
+                                                 "(have ch99_fixture)"]
 
 
 def test_an_empty_submissions_folder_explains_the_layout(tmp_path):
@@ -50,12 +66,109 @@ def test_summary_names_a_chapter_a_student_did_not_send(tmp_path):
     assert lines[2] == "bob              ch99   0/7  no notebook for ch99_fixture: 0 in grades.csv"
 
 
-def test_grades_csv_gets_a_flags_column(tmp_path):
-    from engine.course.autograde import add_flags
+def test_grades_csv_gets_the_folder_names_and_a_flags_column(tmp_path):
+    from engine.course.autograde import Fault, finish_grades
     grades = tmp_path / "grades.csv"
-    grades.write_text("assignment,student_id,raw_score\nch99,ada,6.0\nch99,bob,0.0\n")
+    grades.write_text("assignment,student_id,raw_score\nch99,ada,6.0\nch99,dot-1234abcd,0.0\n")
     (tmp_path / "flags" / "ada").mkdir(parents=True)
     (tmp_path / "flags" / "ada" / "ch99.json").write_text('{"flags": ["counter: verbatim"], "changes": []}')
-    add_flags(grades, tmp_path / "flags")
-    assert grades.read_text().splitlines() == ["assignment,student_id,raw_score,flags",
-                                               "ch99,ada,6.0,counter: verbatim", "ch99,bob,0.0,"]
+    finish_grades(grades, tmp_path / "flags", {"ada": "ada", ".dot": "dot-1234abcd"},
+                  [Fault(".dot", "ch99_fixture.ipynb", "not JSON", "ch99")])
+    assert grades.read_text().splitlines() == ["assignment,student_id,nbgrader_id,raw_score,flags",
+                                               "ch99,ada,ada,6.0,counter: verbatim",
+                                               "ch99,.dot,dot-1234abcd,0.0,not graded: ch99_fixture.ipynb: not JSON"]
+
+
+def test_every_folder_name_gets_an_id_nbgrader_can_take():
+    odd = [".dot", "a*b?[c]", "with space", "ünï", "a,b", " x ", "ada"]
+    ids = student_ids(odd)
+    assert ids["ada"] == "ada" and len(set(ids.values())) == len(odd)
+    for name, ident in ids.items():
+        assert not ident.startswith(".") and not set(ident) & set("*?[], ") and ident.isascii(), (name, ident)
+    assert student_ids(odd) == ids, "ids must not depend on the run"
+
+
+# ---- one autograde run: odd folder names graded, faulty submissions reported, everyone in grades.csv --
+
+GOOD = {"ada": "solution", ".a *?[c] ü": "solution", "with space": "stubs"}
+FAULTS = {   # student -> (file or folder, what it holds) and words its report must hold
+    "binary": ("ch99_fixture.ipynb", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "not a text file"),
+    "truncated": ("ch99_fixture.ipynb", "truncated", "not JSON"),
+    "empty": ("ch99_fixture.ipynb", b"", "an empty file"),
+    "json": ("ch99_fixture.ipynb", b'{"not": "a notebook"}', "not a notebook"),
+    "old_metadata": ("ch99_fixture.ipynb", "old", "nbgrader metadata is corrupted"),
+    "folder": ("ch99_fixture.ipynb", None, "a folder named like a notebook"),
+    "no_chapter": ("ch97_missing.ipynb", "solution", "no chapter of this course is named ch97_missing"),
+}
+
+
+def _faulty_content(what):
+    notebook = expanded(FIXTURE_CHAPTER)
+    if what == "solution":
+        return nbformat.writes(notebook).encode()
+    if what == "truncated":
+        return nbformat.writes(notebook).encode()[:300]
+    if what == "old":
+        for cell in notebook.cells:
+            if "nbgrader" in cell.metadata:
+                cell.metadata["nbgrader"]["schema_version"] = 1
+        return nbformat.writes(notebook).encode()
+    return what
+
+
+@pytest.fixture(scope="module")
+def class_run():
+    root = BUILD / "autograde-faults"
+    import shutil
+    shutil.rmtree(root, ignore_errors=True)
+    submissions = root / "submissions"
+    for student, kind in GOOD.items():
+        notebook = expanded(FIXTURE_CHAPTER)
+        write_notebook(notebook if kind == "solution" else stubbed(notebook), submissions / student, "ch99_fixture")
+    for student, (entry, content, _) in FAULTS.items():
+        path = submissions / student / entry
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir() if content is None else path.write_bytes(_faulty_content(content))
+    os.mkdir(os.fsencode(submissions) + b"/bad\xff")                  # a folder name that is not UTF-8
+    (submissions / "stray.ipynb").write_text("{}")                    # not in a student folder
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main([str(submissions), "--course", str(root / "course"), "--solutions", str(FIXTURE_SOLUTIONS),
+                       "--sandbox", "off", "--timeout", "60", "--jobs", "2"])
+    return root / "course", status, out.getvalue(), err.getvalue()
+
+
+def test_everyone_else_is_graded_with_feedback(class_run):
+    course = class_run[0]
+    rows = {row["student_id"]: row for row in csv.DictReader((course / "grades.csv").open(newline=""))}
+    full = sum(cells.points(c) for c in expanded(FIXTURE_CHAPTER).cells if cells.is_test(c))   # written answers aside
+    assert {name: float(rows[name]["raw_score"] or 0) for name in GOOD} == {
+        "ada": full, ".a *?[c] ü": full, "with space": 0.0}
+    for name in GOOD:
+        assert (course / "feedback" / rows[name]["nbgrader_id"] / "ch99" / "ch99_fixture.html").is_file(), name
+    assert rows[".a *?[c] ü"]["nbgrader_id"] != ".a *?[c] ü"
+
+
+def test_each_fault_is_reported_by_student_with_its_reason(class_run):
+    course, status = class_run[:2]
+    assert status == 1
+    reported = {(f.student, f.entry): f.reason for f in not_graded(course)}
+    for student, (entry, _, words) in FAULTS.items():
+        assert words in reported.get((student, entry), ""), (student, reported)
+    assert "not valid UTF-8" in reported[("bad\\xff", "")]
+    assert "not in a student folder" in reported[("stray.ipynb", "")]
+    rows = {row["student_id"]: row for row in csv.DictReader((course / "grades.csv").open(newline=""))}
+    for student, (entry, _, words) in FAULTS.items():   # in grades.csv too, with 0 and the reason
+        assert student in rows and float(rows[student]["score"]) == 0, student
+        if student != "no_chapter":
+            assert rows[student]["flags"].startswith("not graded:") and words in rows[student]["flags"]
+
+
+def test_the_summary_and_the_exit_line(class_run):
+    _, _, out, err = class_run
+    [line] = err.strip().splitlines()
+    assert line.startswith("autograde: 9 submission(s) could not be graded (everyone else is in grades.csv): ")
+    for student, (entry, _, _) in FAULTS.items():
+        assert f"{student}/{entry}: " in line
+    assert "bad\\xff: refused" in line
+    assert ".a *?[c] ü       ch99" in out and "not graded: ch99_fixture.ipynb: a folder named like a notebook" in out

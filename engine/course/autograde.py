@@ -3,41 +3,151 @@
 The submissions folder holds one folder per student, each with the chapter notebooks under their
 released names:
 
-    SUBMISSIONS/<student_id>/<chNN_topic>.ipynb      e.g. submissions/ada/ch02_block_tables.ipynb
+    SUBMISSIONS/<student>/<chNN_topic>.ipynb      e.g. submissions/ada/ch02_block_tables.ipynb
 
 This refreshes an nbgrader course directory (default ./course/, gitignored): nbgrader_config.py (with
 a per-cell timeout for Triton-interpreter kernels), source/ from the chapters, generate_assignment; then
-copies the submissions into submitted/<student_id>/<chNN>/, grades each one in the sealed worker inside
-the bubblewrap sandbox (`--jobs` at a time, with progress), runs nbgrader autograde (which takes those
-sealed results), generate_feedback (HTML) and export (grades.csv, plus a `flags` column for the
-instructor), and prints a per-student summary and where each output went.
+copies every submission it can read into submitted/<id>/<chNN>/, grades each one in the sealed worker
+inside the sandbox (`--jobs` at a time, with progress), runs nbgrader autograde (which takes those
+sealed results), generate_feedback (HTML) and export (grades.csv, plus `flags` and `nbgrader_id`
+columns), and prints a per-student summary and where each output went.
 
-Sandbox: each submission runs with the file system read-only, only its own working folder writable,
-other students' work hidden, no network, and bounded memory, CPU time, file size and processes
-(engine/course/sandbox.py). Without bubblewrap (`apt-get install bubblewrap`) it says so and runs the
-submissions unconfined; `--sandbox required` refuses to, `--sandbox off` skips it.
+A class always gets its grades: a submission that cannot be graded (unreadable, binary or truncated,
+not a notebook, a folder named like a notebook, a notebook for no chapter of the course, corrupted
+nbgrader metadata) is left out of nbgrader's run and reported by student and file, with the reason;
+everyone else is graded, and the command then exits 1 with a one-line summary. Every student folder
+appears in grades.csv under its own name: a name nbgrader cannot take as a student id (a leading dot,
+glob characters `*?[]`, spaces, non-ASCII letters) is graded under a safe id (the `nbgrader_id` column,
+also the feedback folder's name); a name that is not valid UTF-8 cannot be written into grades.csv and
+is refused by name.
+
+Sandbox: each submission runs as an unprivileged user in its own namespaces, seeing a read-only system
+and nothing of the course directory or other students' work, with a memory, process, disk and
+per-notebook time limit (engine/course/sandbox.py). Without bubblewrap (`apt-get install bubblewrap`)
+it says so and runs the submissions unconfined; `--sandbox required` refuses to, `--sandbox off` skips it.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
+import re
 import shutil
+import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from pathlib import Path
 
-
-from .nbgrader_course import (AUTOGRADE_CELL_TIMEOUT, file_digest, outputs_by_cell, result_path, run_nbgrader,
-                              stage_sources, write_config)
-from .paths import assignment_id, chapter_files, chapter_name, repo_root
+from .nbgrader_course import (AUTOGRADE_CELL_TIMEOUT, COURSE_ID, NbgraderError, file_digest, outputs_by_cell,
+                              result_path, run_nbgrader, stage_sources, write_config)
+from .paths import CHAPTER_PATTERN, assignment_id, chapter_files, chapter_name, offline_cpu_environ, repo_root
 
 ALL_ASSIGNMENTS = "ch[0-9][0-9]"
-
-
 DEFAULT_JOBS = 2
+# A folder name nbgrader takes as it is: its globs skip a leading dot and read *?[] as patterns, its
+# config strips spaces at the ends, and its exclusion list splits on commas.
+SAFE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
+NOT_GRADED_FILE = "not-graded.json"
+
+
+@dataclass
+class Fault:
+    """A submission (or a whole student folder) that could not be graded, and why."""
+
+    student: str          # the folder name as found (the whole SUBMISSIONS entry for a stray file)
+    entry: str            # the file or folder inside it ("" for the student folder itself)
+    reason: str
+    assignment: str = ""  # chNN when the entry was meant for a chapter of the course
+
+    def line(self) -> str:
+        where = shown(self.student) + (f"/{shown(self.entry)}" if self.entry else "")
+        return f"{where}: {self.reason}"
+
+
+@dataclass
+class Roster:
+    """What collect() found: the submissions copied for nbgrader, the students' ids, what it could not take."""
+
+    copied: list[Path] = field(default_factory=list)
+    ids: dict[str, str] = field(default_factory=dict)      # folder name -> nbgrader student id
+    faults: list[Fault] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def names(self) -> dict[str, str]:
+        """nbgrader id -> folder name."""
+        return {ident: name for name, ident in self.ids.items()}
+
+
+def shown(name: str) -> str:
+    """A folder or file name as it can be printed on one line (control characters escaped)."""
+    return name if name.isprintable() else repr(name)[1:-1]
+
+
+def student_ids(names: list[str]) -> dict[str, str]:
+    """{folder name: nbgrader student id}: the name itself where nbgrader takes it, else a safe id made of
+    its ASCII letters and a hash of the whole name (distinct for distinct names)."""
+    ids = {name: name for name in names if SAFE_ID.fullmatch(name)}
+    taken = set(ids)
+    for name in sorted(set(names) - set(ids)):
+        ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+        slug = re.sub(r"[^A-Za-z0-9_]+", "_", ascii_name).strip("_")[:32] or "student"
+        digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()
+        size = 8
+        while f"{slug}-{digest[:size]}" in taken:
+            size += 1
+        ids[name] = f"{slug}-{digest[:size]}"
+        taken.add(ids[name])
+    return ids
+
+
+def notebook_fault(path: Path) -> str:
+    """Why `path` cannot be graded as a notebook ('' when it can): what nbgrader would stop on, found first."""
+    if path.is_symlink():
+        return "a symbolic link: only plain files are graded"
+    if path.is_dir():
+        return "a folder named like a notebook, not a notebook file"
+    if not path.is_file():
+        return "not a regular file"
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        return f"unreadable: {error.strerror or error}"
+    if not data.strip():
+        return "an empty file (an interrupted upload?)"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return f"not a text file: byte {error.start} of {len(data)} is not UTF-8 (a binary file?)"
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as error:
+        return f"not JSON: {error.msg} (line {error.lineno}, column {error.colno}: a truncated upload?)"
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells", raw.get("worksheets")), list):
+        return "not a notebook: JSON without a list of cells"
+    import nbformat
+    try:
+        notebook = nbformat.reads(text, as_version=4)
+        if not all(isinstance(cell, dict) and "cell_type" in cell and "source" in cell for cell in notebook.cells):
+            return "not a notebook: a cell without cell_type or source"
+    except Exception as error:
+        return f"not a notebook: {_first_line(error)}"
+    from nbgrader.nbgraderformat import MetadataValidator
+    try:
+        MetadataValidator().validate_nb(notebook)
+    except Exception as error:  # nbgrader's autograde would stop on it (an outdated schema stops the whole run)
+        return f"its nbgrader metadata is corrupted: {_first_line(error)}"
+    return ""
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
 def prepare_course(course_dir: Path, chapters: list[Path], timeout: int, sandbox: str = "auto",
@@ -50,31 +160,65 @@ def prepare_course(course_dir: Path, chapters: list[Path], timeout: int, sandbox
     run_nbgrader(course_dir, "generate_assignment", ALL_ASSIGNMENTS, "--force")
 
 
-def collect(submissions: Path, course_dir: Path, chapters: list[Path]) -> tuple[list[Path], list[str]]:
-    """Copy SUBMISSIONS/<student>/<chNN_topic>.ipynb into submitted/; (copied files, skipped-file notes)."""
+def collect(submissions: Path, course_dir: Path, chapters: list[Path]) -> Roster:
+    """Copy every gradable SUBMISSIONS/<student>/<chNN_topic>.ipynb into submitted/<id>/<chNN>/; the roster
+    says what was copied, each student's nbgrader id, and every entry that could not be taken and why."""
     known = {chapter_name(path): assignment_id(path) for path in chapters}
     shutil.rmtree(course_dir / "submitted", ignore_errors=True)
-    copied, notes = [], []
-    for student in sorted(p for p in submissions.iterdir() if p.is_dir()):
-        for notebook in sorted(student.glob("*.ipynb")):
-            if notebook.stem not in known:
-                notes.append(f"skipped {notebook}: not a chapter notebook ({', '.join(known)})")
+    roster = Roster()
+    students = []
+    for entry in sorted(submissions.iterdir(), key=lambda p: p.name):
+        name = entry.name
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            printable = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            roster.faults.append(Fault(printable, "", "refused: the folder name is not valid UTF-8, so it cannot "
+                                                      "be written into grades.csv; rename the folder"))
+            continue
+        if entry.is_symlink():
+            roster.faults.append(Fault(name, "", "refused: a symbolic link, not a student folder"))
+        elif not entry.is_dir():
+            roster.faults.append(Fault(name, "", "not in a student folder: expected "
+                                                 "<student>/<chNN_topic>.ipynb"))
+        else:
+            students.append(entry)
+    roster.ids = student_ids([s.name for s in students])
+    for student in students:
+        ident, found = roster.ids[student.name], 0
+        for notebook in sorted(student.iterdir(), key=lambda p: p.name):
+            if not notebook.name.endswith(".ipynb"):
                 continue
-            target = course_dir / "submitted" / student.name / known[notebook.stem] / notebook.name
+            stem = notebook.name[:-len(".ipynb")]
+            if stem not in known:
+                nearest = CHAPTER_PATTERN.match(stem)
+                chapter = nearest.group(1) if nearest and nearest.group(1) in known.values() else ""
+                roster.faults.append(Fault(student.name, notebook.name, "no chapter of this course is named "
+                                           f"{stem} (have {', '.join(known)})", chapter))
+                continue
+            fault = notebook_fault(notebook)
+            if fault:
+                roster.faults.append(Fault(student.name, notebook.name, fault, known[stem]))
+                continue
+            target = course_dir / "submitted" / ident / known[stem] / notebook.name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(notebook, target)
-            copied.append(target)
-    if not copied:
+            roster.copied.append(target)
+            found += 1
+        if not found and not any(f.student == student.name for f in roster.faults):
+            roster.notes.append(f"{shown(student.name)}: no chapter notebook ({', '.join(known)}.ipynb)")
+    if not roster.copied and not roster.faults:
         raise SystemExit(f"no submissions in {submissions}: expected {submissions}/<student_id>/<chNN_topic>.ipynb")
-    return copied, notes
+    return roster
 
 
 def grade_submissions(copied: list[Path], course_dir: Path, chapters: list[Path], timeout: int, jobs: int,
-                      sandbox: str, hide: list[Path], progress=print) -> None:
+                      sandbox: str, hide: list[Path], progress=print, limits=None,
+                      names: dict[str, str] | None = None) -> None:
     """Run every collected submission in the sealed worker (sandboxed), `jobs` at a time, printing a line
     as each finishes; the results wait in course/sandbox/results/ for nbgrader's autograde to take."""
     from .grade import read_learner, run_sealed
-    from .sandbox import Sandbox, available
+    from .sandbox import Limits, Sandbox, available, limits_note
     by_name = {chapter_name(path): path for path in chapters}
     work_root = course_dir / "sandbox"
     usable, why = available()
@@ -82,14 +226,17 @@ def grade_submissions(copied: list[Path], course_dir: Path, chapters: list[Path]
         raise SystemExit(f"autograde: {why}")
     if sandbox != "off" and not usable:
         progress(f"WARNING: {why}")
+    elif sandbox != "off" and limits_note():
+        progress(f"WARNING: the sandbox runs with less than its limits here: {limits_note()}")
     lock, done, started = threading.Lock(), [0], time.monotonic()
+    names = names or {}
 
     def one(path: Path) -> str:
         student, assignment, notebook = path.parent.parent.name, path.parent.name, path.stem
-        workdir = work_root / "work" / student / assignment
+        workdir = work_root / "work" / student / assignment   # only the worker's starting folder: never bound in
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True, exist_ok=True)
-        wrap = Sandbox(workdir, hide=[*hide, course_dir, by_name[notebook].parent]) \
+        wrap = Sandbox(workdir, hide=[*hide, course_dir, by_name[notebook].parent], limits=limits or Limits()) \
             if sandbox != "off" and usable else None
         flags = [] if wrap is not None or sandbox == "off" else [f"not sandboxed: {why}"]
         try:
@@ -97,12 +244,14 @@ def grade_submissions(copied: list[Path], course_dir: Path, chapters: list[Path]
             sealed = run_sealed(learner, by_name[notebook], timeout, workdir, wrap=wrap)
             record = {"sha256": file_digest(path), "outputs": outputs_by_cell(sealed.cells),
                       "flags": flags + sealed.flags, "changes": notes + sealed.changes}
-            from nbgrader.utils import determine_grade
-            earned = sum(determine_grade(c)[0] or 0 for c in sealed.cells if _is_test(c))
-            possible = sum(determine_grade(c)[1] for c in sealed.cells if _is_test(c))
+            earned, possible = _points(sealed.cells)
             score = f"{earned:g}/{possible:g}"
-        except Exception as error:  # unreadable: nbgrader's own run reports it
-            record, score = None, f"not graded here ({type(error).__name__}: {error})"
+        except Exception as error:
+            if wrap is not None and wrap.expired:  # the notebook's deadline passed: its tests score 0, and say why
+                record = _expired_record(path, by_name[notebook], wrap.expired_message, flags)
+                score = f"0 ({wrap.expired_message})"
+            else:  # the grader itself failed: nbgrader's own run grades it again and reports it
+                record, score = None, f"not graded here ({type(error).__name__}: {error})"
         finally:
             if wrap is not None:
                 wrap.close()
@@ -113,7 +262,8 @@ def grade_submissions(copied: list[Path], course_dir: Path, chapters: list[Path]
         with lock:
             done[0] += 1
             elapsed = time.monotonic() - started
-            progress(f"[{done[0]}/{len(copied)}] {student} {notebook}: {score}  ({elapsed:.0f} s)")
+            progress(f"[{done[0]}/{len(copied)}] {shown(names.get(student, student))} {notebook}: {score}  "
+                     f"({elapsed:.0f} s)")
         return score
 
     shutil.rmtree(work_root / "results", ignore_errors=True)
@@ -122,28 +272,109 @@ def grade_submissions(copied: list[Path], course_dir: Path, chapters: list[Path]
             future.result()
 
 
-def _is_test(cell) -> bool:
+def _points(run_cells) -> tuple[float, float]:
+    from nbgrader.utils import determine_grade
+
     from . import cells
-    return cells.is_test(cell)
+    graded = [determine_grade(c) for c in run_cells if cells.is_test(c)]
+    return sum(e or 0 for e, _ in graded), sum(p for _, p in graded)
+
+
+def _expired_record(path: Path, chapter_path: Path, message: str, flags: list[str]) -> dict:
+    """The sealed result of a notebook stopped at its deadline: every test an error output saying so."""
+    from . import cells, exercises
+    from .nbgrader_course import _cell_key
+    outputs = {}
+    for cell in exercises.load_any(chapter_path).cells:
+        if cells.is_test(cell):
+            outputs[_cell_key(cell)] = [{"output_type": "error", "ename": "NotebookTimeout", "evalue": message,
+                                         "traceback": [f"NotebookTimeout: {message}"]}]
+    return {"sha256": file_digest(path), "outputs": outputs, "flags": [*flags, message], "changes": []}
+
+
+def run_tolerant(course_dir: Path, step: str, *args: str) -> dict[tuple[str, str], str]:
+    """`nbgrader STEP ARGS`, going on past submissions it fails on: {(assignment, student id): why} for
+    each. A submission that stops nbgrader's whole run is set aside (course/not-graded/) and the run
+    resumed without it; anything else that stops it raises NbgraderError. Logs go to course/logs/."""
+    failed: dict[tuple[str, str], str] = {}
+    logs = course_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    force = ["--force"]
+    for attempt in range(1, 1000):
+        result = subprocess.run([sys.executable, "-m", "nbgrader", step, *args, *force], cwd=course_dir,
+                                env=offline_cpu_environ(), capture_output=True, text=True)
+        log = result.stdout + result.stderr
+        (logs / f"{step}-{attempt}.log").write_text(log)
+        pairs = re.findall(r"There was an error processing assignment '([^']*)' for student '([^']*)'", log)
+        for pair in pairs:
+            failed[pair] = f"nbgrader {step} failed on it (course/logs/{step}-{attempt}.log)"
+        if result.returncode == 0 or pairs:
+            return failed
+        named = re.findall(r"(?:Converting notebook|Sanitizing) (.+\.ipynb)\s*$", log, re.MULTILINE)
+        culprit = next(filter(None, (_submission_of(course_dir, path) for path in reversed(named))), None)
+        if culprit is None:
+            raise NbgraderError(f"nbgrader {step} failed (exit {result.returncode}) in {course_dir}:\n{log}")
+        assignment, student = culprit
+        errors = [line for line in log.splitlines() if "[ERROR]" in line]
+        failed[culprit] = f"nbgrader {step} stopped on it: {errors[-1].split('] ', 1)[-1] if errors else log[-200:]}"
+        aside = course_dir / "not-graded" / student / assignment
+        shutil.rmtree(aside, ignore_errors=True)
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        source = course_dir / ("submitted" if step == "autograde" else "autograded") / student / assignment
+        shutil.move(str(source), str(aside))
+        force = []   # what was done stays done
+    return failed
+
+
+def _submission_of(course_dir: Path, notebook: str) -> tuple[str, str] | None:
+    """(assignment, student id) of a notebook path nbgrader named in its log."""
+    path = Path(notebook)
+    path = path if path.is_absolute() else course_dir / path
+    parts = path.resolve().relative_to(course_dir.resolve()).parts if path.resolve().is_relative_to(
+        course_dir.resolve()) else ()
+    if len(parts) >= 4 and parts[0] in ("submitted", "autograded"):
+        return parts[2], parts[1]
+    return None
+
+
+def enrol(course_dir: Path, ids: list[str]) -> None:
+    """Make sure every student is in the gradebook, so grades.csv has a row for each (0 where not graded)."""
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{course_dir / 'gradebook.db'}", COURSE_ID) as gradebook:
+        for ident in ids:
+            gradebook.update_or_create_student(ident)
 
 
 def autograde(submissions: Path, course_dir: Path, chapters: list[Path],
               timeout: int = AUTOGRADE_CELL_TIMEOUT, jobs: int = DEFAULT_JOBS, sandbox: str = "auto",
-              progress=print) -> dict[str, Path]:
-    """Run the whole instructor path; {what: where} for each output."""
+              progress=print, limits=None) -> dict[str, Path]:
+    """Run the whole instructor path; {what: where} for each output. Submissions that could not be graded
+    are listed in course/not-graded.json (see not_graded())."""
     course_dir = course_dir.resolve()
     hide = [submissions.resolve()]
     prepare_course(course_dir, chapters, timeout, sandbox, hide)
-    copied, notes = collect(submissions, course_dir, chapters)
-    for note in notes:
+    roster = collect(submissions, course_dir, chapters)
+    for note in roster.notes:
         progress(note)
-    grade_submissions(copied, course_dir, chapters, timeout, jobs, sandbox, hide, progress)
-    run_nbgrader(course_dir, "autograde", ALL_ASSIGNMENTS, "--create", "--force")
-    run_nbgrader(course_dir, "generate_feedback", ALL_ASSIGNMENTS, "--force")
+    for fault in roster.faults:
+        progress(f"not graded: {fault.line()}")
+    grade_submissions(roster.copied, course_dir, chapters, timeout, jobs, sandbox, hide, progress, limits,
+                      roster.names)
+    names = roster.names
+    faults = list(roster.faults)
+    if roster.copied:
+        for (assignment, ident), why in run_tolerant(course_dir, "autograde", ALL_ASSIGNMENTS, "--create").items():
+            faults.append(Fault(names.get(ident, ident), f"{assignment}", why, assignment))
+    enrol(course_dir, sorted(roster.ids.values()))
+    if roster.copied:
+        for (assignment, ident), why in run_tolerant(course_dir, "generate_feedback", ALL_ASSIGNMENTS).items():
+            progress(f"no feedback for {shown(names.get(ident, ident))} {assignment}: {why}")
     grades = course_dir / "grades.csv"
     run_nbgrader(course_dir, "export", "--to", str(grades))
-    add_flags(grades, course_dir / "sandbox" / "flags")
-    return {
+    finish_grades(grades, course_dir / "sandbox" / "flags", roster.ids, faults)
+    record = course_dir / NOT_GRADED_FILE
+    record.write_text(json.dumps([vars(f) for f in faults], indent=1, ensure_ascii=False))
+    outputs = {
         "course directory": course_dir,
         "submissions collected": course_dir / "submitted",
         "autograded notebooks": course_dir / "autograded",
@@ -151,28 +382,54 @@ def autograde(submissions: Path, course_dir: Path, chapters: list[Path],
         "grades": grades,
         "gradebook": course_dir / "gradebook.db",
     }
+    if faults:
+        outputs["not graded"] = record
+    return outputs
 
 
-def add_flags(grades_csv: Path, flags_dir: Path) -> None:
-    """Add a `flags` column to grades.csv: what the sealed run found for the instructor to look at
-    (taught code copied verbatim, tampering put back, grader-probing calls refused, no sandbox)."""
-    with grades_csv.open() as handle:
+def not_graded(course_dir: Path) -> list[Fault]:
+    """The submissions the last autograde run in course_dir could not grade."""
+    record = Path(course_dir) / NOT_GRADED_FILE
+    return [Fault(**f) for f in json.loads(record.read_text())] if record.is_file() else []
+
+
+def finish_grades(grades_csv: Path, flags_dir: Path, ids: dict[str, str], faults: list[Fault] = ()) -> None:
+    """grades.csv as the instructor reads it: each row under the student's folder name (the nbgrader id in
+    its own column), and a `flags` column: what the sealed run found (taught code copied verbatim,
+    tampering put back, grader-probing calls refused, no sandbox) or why the notebook was not graded."""
+    with grades_csv.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
-        fields = list(rows[0].keys()) if rows else []
+        fields = [f for f in (rows[0].keys() if rows else []) if f not in ("flags", "nbgrader_id")]
     if not rows:
         return
+    names = {ident: name for name, ident in ids.items()}
     for row in rows:
-        record = flags_dir / row["student_id"] / f"{row['assignment']}.json"
+        ident = row.get("nbgrader_id") or row["student_id"]
+        record = flags_dir / ident / f"{row['assignment']}.json"
         found = json.loads(record.read_text()) if record.is_file() else {}
-        row["flags"] = " | ".join(found.get("flags", []) + found.get("changes", []))
+        name = names.get(ident, row["student_id"])
+        failed = [f"not graded: {f.entry}: {f.reason}" for f in faults
+                  if f.student == name and f.assignment == row["assignment"]]
+        row["flags"] = " | ".join(failed + found.get("flags", []) + found.get("changes", []))
+        row["student_id"], row["nbgrader_id"] = name, ident
     with grades_csv.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[*[f for f in fields if f != "flags"], "flags"])
+        at = fields.index("student_id") + 1 if "student_id" in fields else len(fields)
+        writer = csv.DictWriter(handle, fieldnames=[*fields[:at], "nbgrader_id", *fields[at:], "flags"])
         writer.writeheader()
         writer.writerows(rows)
 
 
+def add_flags(grades_csv: Path, flags_dir: Path) -> None:
+    """finish_grades() for a course whose folder names are its nbgrader ids (as nbgrader's exchange makes it)."""
+    with grades_csv.open(newline="") as handle:
+        ids = {row["student_id"]: row["student_id"] for row in csv.DictReader(handle)}
+    finish_grades(grades_csv, flags_dir, ids)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Autograde SUBMISSIONS into the course directory and print where the outputs are."""
+    """Autograde SUBMISSIONS into the course directory and print where the outputs are; exit 1 (with a
+    one-line summary) when some submission could not be graded."""
+    from .sandbox import Limits
     root = repo_root()
     parser = argparse.ArgumentParser(prog="python -m engine.course.autograde", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -180,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--course", type=Path, default=root / "course", help="nbgrader course directory")
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
     parser.add_argument("--timeout", type=int, default=AUTOGRADE_CELL_TIMEOUT, help="seconds per cell")
+    parser.add_argument("--notebook-timeout", type=int, default=Limits.notebook_seconds,
+                        help="seconds per notebook, all its cells together (default %(default)s)")
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="submissions graded at once")
     parser.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
                         help="bubblewrap sandbox per submission (auto: when it works here)")
@@ -188,33 +447,44 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.submissions} is not a folder (expected <student_id>/<chNN_topic>.ipynb inside)")
     chapters = chapter_files(args.solutions)
     started = time.monotonic()
-    outputs = autograde(args.submissions, args.course, chapters, args.timeout, args.jobs, args.sandbox)
+    outputs = autograde(args.submissions, args.course, chapters, args.timeout, args.jobs, args.sandbox,
+                        limits=Limits(notebook_seconds=args.notebook_timeout))
     elapsed = time.monotonic() - started
+    faults = not_graded(outputs["course directory"])
     print(summary(outputs["grades"], chapters))
-    rows = len(list(args.submissions.glob("*/*.ipynb")))
+    rows = len(list((outputs["course directory"] / "submitted").glob("*/*/*.ipynb")))
     print(f"graded {rows} submission(s) in {elapsed:.0f} s ({elapsed / max(rows, 1):.1f} s each, "
           f"{args.jobs} at a time)")
     for what, where in outputs.items():
         print(f"{what + ':':24} {where}")
+    if faults:
+        print(f"autograde: {len(faults)} submission(s) could not be graded (everyone else is in grades.csv): "
+              + "; ".join(f.line() for f in faults), file=sys.stderr)
+        return 1
     return 0
 
 
 def summary(grades_csv: Path, chapters: list[Path] = (), submitted: Path | None = None) -> str:
     """One line per student and assignment from grades.csv: the score nbgrader gave (manual parts pending),
-    a note where a student sent no notebook for a chapter, and the flags for the instructor."""
-    with grades_csv.open() as handle:
+    a note where a student sent no notebook for a chapter, why one was not graded, and the flags."""
+    with grades_csv.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     course = grades_csv.parent
     names = {assignment_id(path): chapter_name(path) for path in chapters}
     lines = []
     for row in sorted(rows, key=lambda r: (r["student_id"], r["assignment"])):
-        line = f"{row['student_id']:16} {row['assignment']:6} {float(row['score']):g}/{float(row['max_score']):g}"
-        folder = (submitted or course / "submitted") / row["student_id"] / row["assignment"]
-        if folder.parent.is_dir() and not folder.is_dir():
+        line = (f"{shown(row['student_id']):16} {row['assignment']:6} "
+                f"{float(row['score']):g}/{float(row['max_score']):g}")
+        ident = row.get("nbgrader_id") or row["student_id"]
+        folder = (submitted or course / "submitted") / ident / row["assignment"]
+        flags = row.get("flags", "")
+        if flags.startswith("not graded:"):
+            line += f"  {flags}"
+        elif folder.parent.is_dir() and not folder.is_dir():
             chapter = names.get(row["assignment"], row["assignment"])
             line += f"  no notebook for {chapter}: 0 in grades.csv"
-        elif row.get("flags"):
-            line += f"  flagged: {row['flags']}"
+        elif flags:
+            line += f"  flagged: {flags}"
         lines.append(line)
     return "\n".join(["student          chapter score (written answers count once graded by hand)", *lines])
 
