@@ -23,7 +23,7 @@
 # and found again by the next request that starts with the same tokens. This is **prefix caching**
 # (vLLM calls it automatic prefix caching and turns it on by default).
 #
-# You will write the four pieces of the engine's `PrefixCache` (`engine/cache/prefix.py`):
+# You will write the four pieces of the engine's `PrefixCache`:
 #
 # 1. the **key** of a cached block, chained on everything before it, and the check that a block
 #    found under a key really is the one asked for (`chain`, `matches`);
@@ -237,7 +237,7 @@ for name, tokens, salt in (("A + X", a + x, None), ("B + X", b + x, None),
 # chapter-4 rule does the rest: before the last token is written, `reserve` copies that shared block.
 #
 # **Undoing an admission.** After `attach`, the scheduler checks that the rest of the prompt fits in
-# the pool (`engine/serve/scheduler.py`, `admit`). When it does not, it undoes the admission by
+# the pool (its `admit`, which you write in chapter 7). When it does not, it undoes the admission by
 # calling `detach(seq)`, and tries again a later step. `attach` also counts each lookup for
 # `stats()`: a query, a hit if it reused any token, and the tokens reused. An admission that is
 # undone was no lookup: `detach` must take its counts back, or a request that waits ten steps counts
@@ -252,8 +252,8 @@ for name, tokens, salt in (("A + X", a + x, None), ("B + X", b + x, None),
 #   `self.matches(...)`; collect the found entries' `.block`s. Then `self.cache.create(seq)`,
 #   `self.cache.share_blocks(seq, blocks)` (appends them to the table, one more owner each),
 #   `self.cache.set_length(seq, reused)`, where `reused` is the tokens in those blocks but at most
-#   `len(prompt) - 1` (always one token left to prefill), and add to `self.queries`, `self.hits` (1 if anything was
-#   reused) and `self.tokens_saved`.
+#   `len(prompt) - 1` (always one token left to prefill), and return `reused`; add to
+#   `self.queries`, `self.hits` (1 if anything was reused) and `self.tokens_saved`.
 # * `detach(self, seq)` undoes it before any prefill: the tokens reused are `self.cache.length(seq)`;
 #   `self.cache.free(seq)` and take back the three counts.
 #
@@ -346,11 +346,17 @@ for entries in (1_000, 10_000, 30_000):
 #   (`entry.children == 0`) that only the cache holds (`self.cache.allocator.refcount(entry.block)`
 #   is 1, the cache's own reference).
 # * `evict(self, blocks_wanted)`: while `self.cache.allocator.num_free < blocks_wanted` and the line
-#   is not empty, take the front entry of `self.lru` and `self.forget` it; return how many it took.
-# * `forget(self, entry)`: remove the entry from `self.lru`, `self.entries` and `self.block_keys`
-#   *before* releasing its block (a block handed out again must not be found under its old key);
-#   if it has a parent, lower the parent's `children` and `self.refresh(parent, front=True)`; then
-#   `self.cache.allocator.release(entry.block)`, the cache's own reference.
+#   is not empty, pop the front entry, `_, entry = self.lru.popitem(last=False)`, and
+#   `self.forget(entry)`; return how many it took.
+# * `forget(self, entry)`: take the entry out of the line *if it is still there*,
+#   `self.lru.pop(entry.key, None)` (when `evict` calls `forget`, the entry is already
+#   popped: a plain `del self.lru[entry.key]` raises `KeyError`), and delete it from
+#   `self.entries` and `self.block_keys`, all *before* releasing its block (a block handed out
+#   again must not be found under its old key). `entry.parent` is the parent's *key* (`None`
+#   for a first block), not an `Entry`: if it is not `None`, the parent is
+#   `parent = self.entries[entry.parent]`; lower its `children` and
+#   `self.refresh(parent, front=True)`. Then release the cache's own reference,
+#   `self.cache.allocator.release(entry.block)`.
 
 # %% nbgrader={"grade": false, "grade_id": "ch05_evict", "locked": false, "schema_version": 3, "solution": true}
 #| include engine/cache/prefix.py::PrefixCache.evictable,evict,forget solve=evictable,evict,forget
@@ -399,7 +405,7 @@ def show_step(step=6):
     figures.draw_prefix_tree(walk[step], step)
 
 
-# A static view first; in JupyterLab, a control below it redraws the view.
+# A static view first; in JupyterLab, the control above the picture redraws it.
 explorer(show_step, step=(0, len(walk) - 1, 6))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_yours_walk_md", "locked": true, "schema_version": 3, "solution": false}

@@ -20,7 +20,7 @@
 # scheduler's job. Every engine step it decides who runs, how many tokens each gets, and, when the
 # pool runs dry, who has to give memory back.
 #
-# The engine in `engine/serve` does this in one loop, `Scheduler.schedule()`, called once per step:
+# The engine's scheduler does this in one loop, `Scheduler.schedule()`, called once per step:
 #
 # 1. **Running sequences first**, decodes before prefill chunks. Each gets its tokens only after
 #    `cache.reserve` has found room for them. If it cannot, the scheduler first **evicts** prefix-cache
@@ -127,11 +127,12 @@ print(f"paged runs {ratio:.1f}x as many sequences as max slots on the same bytes
 # the running sequences to grow into:
 #
 # $$
-# \text{admit} \iff \text{free} \ge \text{blocks\_wanted}(\text{prompt} - \text{cached}) + \text{margin},
+# \text{admit} \iff \text{free} \ge \text{blocks wanted}(\text{prompt} - \text{cached}) + \text{margin},
 # \qquad
-# \text{margin} = \max\left(\text{margin\_blocks},\ \lceil \text{watermark} \cdot \text{pool} \rceil\right),
+# \text{margin} = \max\left(m,\ \lceil w \cdot \text{pool} \rceil\right),
 # $$
 #
+# where $m$ is `margin_blocks`, $w$ the `watermark` and "pool" the number of blocks in the pool,
 # and the margin is 0 while nothing runs (otherwise a prompt that fills the pool would wait forever).
 # vLLM's watermark defaults to 1% of the pool. Blocks that only the prefix cache holds count as free:
 # `make_room(need)` evicts them when that is what it takes. And blocks reused from the prefix cache are
@@ -153,8 +154,8 @@ print(f"room for {margin} running sequences to cross into a new block at once")
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_ex_admit_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 7.1 — `admit` (4 points)
 #
-# The next cell is a subclass of the engine's `Scheduler` (`engine/serve/scheduler.py`) that defines
-# only `admit(seq, budget)`; every other method is the engine's. `schedule()` calls it for the oldest
+# The next cell is a subclass of the engine's `Scheduler` that defines only `admit(seq, budget)`;
+# every other method is the engine's. `schedule()` calls it for the oldest
 # waiting sequence while the step has token budget left, and stops admitting at the first 0. On
 # success, `schedule()` pops `seq` from `self.waiting` and appends the chunk
 # `Chunk(seq, seq.num_computed, count)`; `admit` itself must:
@@ -244,7 +245,11 @@ print(f"engine default: preemption={config.preemption!r}, "
 #   try again; otherwise `victim = self.choose_victim(scheduled)`, `self.preempt(victim)`, and return
 #   False if the victim is `seq` itself, else try again.
 # * `choose_victim(scheduled)`: the newest sequence in `self.running` whose `seq_id` is not in the set
-#   `scheduled`.
+#   `scheduled` (newest by admission: `self.running` is in admission order, a re-admitted sequence
+#   at its end whatever its id). There is always one: `reserve_or_preempt(seq, ...)` is its only
+#   caller, and `seq` itself is running and not yet in `scheduled`, so at worst the asker is its own
+#   victim. You need not handle an empty choice (the engine's `next(...)` would raise
+#   `StopIteration`).
 # * `preempt(seq)`: `mode = self.preemption_mode(seq)`; remove `seq` from `self.running`; add one to
 #   `seq.preemptions` and to `self.preemptions[mode]`. For `"swap"`: `self.release(seq, swap=True)`,
 #   add `seq.num_computed` to `self.swapped_tokens`, status `Status.SWAPPED`, append to `self.swapped`.
@@ -290,8 +295,8 @@ ch07.check_reserve_or_preempt(Preemption)
 # * `swap_in(seq)`: a `KeyError` if `seq` is not swapped out; if the saved blocks outnumber
 #   `self.allocator.num_free`, raise `OutOfBlocks(wanted, free, message)` and change nothing. Otherwise
 #   allocate that many blocks, write saved block *i* of every layer into the *i*-th new block, drop
-#   `self.swapped[seq]`, and set the table (the new blocks, in order) and the length. Return the number
-#   of blocks.
+#   `self.swapped[seq]`, and set the table (the new blocks, in order) and the length it saved,
+#   `self.lengths[seq] = saved.length`. Return the number of blocks.
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_swap", "locked": false, "schema_version": 3, "solution": true}
 #| include engine/cache/paged.py::PagedKVCache.swap_out,swap_in solve=swap_out,swap_in
@@ -423,16 +428,17 @@ for kind in ("max", "paged"):
 sim, sim_metrics, constants = figures.simulated(requests=128)
 print(f"SIMULATION: Llama-2-13B on an A100-40GB, {constants['kv_tokens']:,} tokens of "
       f"KV, weights {constants['weight_bytes'] / GiB:.1f} GiB")
+print(f"  {'kind':6s} {'concurrent':>10s} {'tokens/s':>8s} {'memory-bound':>12s} "
+      f"{'KV share of bytes':>17s}")
 for kind, run in sim.items():
-    print(f"  {kind:6s} concurrent {run['concurrent_mean_saturated']:5.1f}, "
-          f"tokens/s {run['output_tokens_per_s']:5.0f}, "
-          f"memory-bound {run['memory_bound_fraction']:.0%} of the time, "
-          f"KV {run['kv_share_of_bytes']:.0%} of bytes read")
+    print(f"  {kind:6s} {run['concurrent_mean_saturated']:10.1f} "
+          f"{run['output_tokens_per_s']:8.0f} {run['memory_bound_fraction']:12.0%} "
+          f"{run['kv_share_of_bytes']:17.0%}")
 paged, slots_run = sim["paged"], sim["max"]
 more = paged["concurrent_mean_saturated"] / slots_run["concurrent_mean_saturated"]
 faster = paged["output_tokens_per_s"] / slots_run["output_tokens_per_s"]
-print(f"paged / max: {more:.2f}x the sequences, {faster:.2f}x the tokens/s; paged "
-      f"preempted {paged['preemptions_recompute']} by recompute, "
+print(f"paged / max: {more:.2f}x the sequences, {faster:.2f}x the tokens/s")
+print(f"paged preempted {paged['preemptions_recompute']} by recompute, "
       f"{paged['preemptions_swap']} by swap")
 figures.plot_fill_and_batch(sim_metrics, "SIMULATION: Llama-2-13B / A100-40GB")
 

@@ -73,14 +73,15 @@ model = tiny()
 # int8 figure that is scales.
 
 # %% nbgrader={"grade": false, "grade_id": "ch08_why", "locked": true, "schema_version": 3, "solution": false}
-for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b"):
+print(f"{'model':12s} {'fp16 KiB':>8s} {'int8 KiB':>8s} {'int8/fp16':>9s} "
+      f"{'scales B':>8s} {'scales/int8':>11s}   (per token)")
+for name in ("llama-2-13b", "llama-3-8b", "qwen3-0.6b"):
     config = known_config(name)
     fp16 = kv_bytes_per_token(config, "fp16")
     int8 = kv_bytes_per_token(config, "int8", 16)
     scales = int8 - fp16 / 2
-    print(f"{name:12s} fp16 {fp16 / KiB:4.0f} KiB/token  int8 {int8 / KiB:7.2f} "
-          f"KiB/token ({int8 / fp16:.2%} of fp16; scales {scales:.0f} B/token, "
-          f"{scales / int8:.2%} of int8)")
+    print(f"{name:12s} {fp16 / KiB:8.0f} {int8 / KiB:8.2f} {int8 / fp16:9.2%} "
+          f"{scales:8.0f} {scales / int8:11.2%}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_idea_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 8.2 The idea: one scale per block per KV head
@@ -92,8 +93,7 @@ for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b"):
 # question: one outlier in a group coarsens the step for all its members, so smaller groups are more
 # accurate, and every group pays for its scale.
 #
-# **The block is the group.** The engine's `QuantizedPagedKVCache` (in `engine/cache/quantized.py`)
-# keeps, per layer, int8 pools `[num_blocks, kv_heads, block_size, head_dim]` for K and V and, beside
+# **The block is the group.** The engine's `QuantizedPagedKVCache` keeps, per layer, int8 pools `[num_blocks, kv_heads, block_size, head_dim]` for K and V and, beside
 # them, float32 scales `[num_blocks, kv_heads]`: one scale per physical block per KV head (heads differ
 # in range, so they get their own). Because a scale is indexed by the *physical* block id, it lives
 # wherever the block lives:
@@ -185,8 +185,8 @@ draw_block(decode_codes[0], float(decode_scale[0]), "head 0, written token by to
 #
 # ### Exercise 8.1 — `quantize_into`, `dequantize` and `copy_on_write` (4 + 2 + 2 points)
 #
-# The next cell defines `QuantizedPagedKVCache` as a subclass of the engine's (`engine/cache/
-# quantized.py`) holding only the three methods you write; everything else (reserve, fork, swap, the
+# The next cell defines `QuantizedPagedKVCache` as a subclass of the engine's holding only the
+# three methods you write; everything else (reserve, fork, swap, the
 # write and read paths) is the engine's. The cache has, per layer, `self.k_pools[layer]` and
 # `self.v_pools[layer]` (int8, `[num_blocks, Hkv, block_size, D]`), `self.k_scales[layer]` and
 # `self.v_scales[layer]` (float32, `[num_blocks, Hkv]`), `self.block_size` and `self.read_dtype`
@@ -327,7 +327,7 @@ plot_capacity(runs, "SIMULATED (roofline): Llama-2-13B on an A100-40GB, same KV 
 # ## 8.6 Architectures that change the byte math
 #
 # Every number so far assumed that a layer caches K and V for each KV head:
-# $2 \cdot \text{layers} \cdot \text{kv\_heads} \cdot \text{head\_dim}$ numbers per token (chapter 1).
+# $2 \cdot \text{layers} \cdot \text{KV heads} \cdot \text{head dim}$ numbers per token (chapter 1).
 # Grouped-query attention shrinks the kv_heads factor. **Multi-head latent attention** (MLA, DeepSeek-V2,
 # 2024) changes the formula: each layer compresses a token's hidden state into one latent vector of
 # `kv_lora_rank` numbers, from which every head's K and V are rebuilt by matrix products, and caches
@@ -335,8 +335,9 @@ plot_capacity(runs, "SIMULATED (roofline): Llama-2-13B on an A100-40GB, same KV 
 # shared by all heads. So per token and layer MLA caches `kv_lora_rank + qk_rope_head_dim` numbers,
 # once, not once for K and once for V:
 #
-# $$\text{MLA bytes/token} = \text{layers} \cdot (\text{kv\_lora\_rank} + \text{qk\_rope\_head\_dim})
-# \cdot \text{bytes}.$$
+# $$\text{MLA bytes/token} = \text{layers} \cdot (d_c + d_r) \cdot \text{bytes},$$
+#
+# where $d_c$ is the latent's size, `kv_lora_rank`, and $d_r$ the rotary key's, `qk_rope_head_dim`.
 #
 # DeepSeek-V2 (`engine/configs/mla/deepseek-v2.json`) has 60 layers, a latent of 512 and a rotary key
 # of 64: 576 numbers per layer, 1,152 bytes at bf16, against 2,048 numbers (4 KiB) per layer for
@@ -351,7 +352,10 @@ plot_capacity(runs, "SIMULATED (roofline): Llama-2-13B on an A100-40GB, same KV 
 # * if the dict has `"kv_lora_rank"`, it is MLA: use the formula above;
 # * otherwise GQA/MHA: `2 * num_hidden_layers * kv_heads * head_dim * dtype_bytes`, where `kv_heads`
 #   is `num_key_value_heads` (or `num_attention_heads` if that key is absent) and `head_dim` is the
-#   config's `head_dim` when present, else `hidden_size // num_attention_heads`.
+#   config's `head_dim` when present, else `hidden_size // num_attention_heads`. Some `config.json`
+#   files write `"head_dim": null`: a key that is there with the value `None` counts as absent, so
+#   compute it as the engine does, `hidden_size // num_attention_heads` (`hf.get("head_dim")` is
+#   `None` then; a default in `hf.get("head_dim", default)` is not used).
 #
 # The check runs it on the four configs of `engine/configs`, DeepSeek-V2 and a small made-up MLA
 # config, with 2 and with 1 byte per number. `load_hf(name)` reads one of them, e.g.
@@ -408,13 +412,12 @@ context, sizes = 2**20, [1, 2, 4, 8, 16, 32, 64, 128, 256]
 for (name, b), hf in zip(per_token.items(), map(load_hf, models.values())):
     layers = hf["num_hidden_layers"]
     print(f"{name}: {b / KiB:.1f} KiB/token, {b / layers:,.0f} B per layer")
-    for size in (16, 64):
+    for size in (16, 256):
         print(f"   blocks of {size:3d}: {size * b / MiB:6.2f} MiB each, "
-              f"{-(-context // size):7,d} table entries for {context:,} tokens, "
-              f"~{size / 2 * b / MiB:.2f} MiB wasted per sequence")
+              f"{-(-context // size):6,d} table entries, "
+              f"~{size / 2 * b / MiB:5.2f} MiB wasted per sequence")
 ratio = per_token["Llama-3-70B (GQA, bf16)"] / per_token["DeepSeek-V2 (MLA, bf16)"]
-print(f"GQA/MLA bytes per token: {ratio:.2f}; an MLA block of {16 * ratio:.0f} tokens "
-      "would hold what a GQA block of 16 holds")
+print(f"GQA/MLA bytes per token: {ratio:.2f}")
 plot_block_tradeoff(per_token, sizes, context)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_explorer_md", "locked": true, "schema_version": 3, "solution": false}
@@ -428,17 +431,17 @@ MODELS = ["llama-3-8b", "llama-3-70b", "deepseek-v2"]
 gqa = per_token["Llama-3-70B (GQA, bf16)"]
 
 
-def explore_blocks(model_name="deepseek-v2", block_size=64):
+def explore_blocks(model_name="deepseek-v2", block_size=16):
     b = kv_bytes_reference(load_hf(model_name))
     print(f"{model_name}: {b / KiB:.1f} KiB/token at bf16; blocks of {block_size}: "
-          f"{block_size * b / MiB:.2f} MiB per block, {-(-context // block_size):,} "
-          f"table entries for {context:,} tokens, ~{block_size / 2 * b / MiB:.2f} MiB "
-          "wasted per sequence")
+          f"{block_size * b / MiB:.2f} MiB per block,")
+    print(f"{-(-context // block_size):,} table entries for {context:,} tokens, "
+          f"~{block_size / 2 * b / MiB:.2f} MiB wasted per sequence")
     plot_block_choice(model_name, b, ("Llama-3-70B", gqa), sizes[2:], block_size)
 
 
 explorer(explore_blocks, model_name=(MODELS, "deepseek-v2"),
-         block_size=([16, 32, 64, 128], 64))
+         block_size=([16, 32, 64, 128], 16))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_production_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 8.7 What production engines add, and where you built it
@@ -501,13 +504,13 @@ r2_answer = "c"
 ch08.check_review_mla_block(r2_answer)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_r3_md", "locked": true, "schema_version": 3, "solution": false}
-# **R3 (1 point).** How many block-table entries does one sequence of 1,048,576 tokens need in blocks
-# of 64 tokens? Set `r3_answer` to a number.
+# **R3 (1 point).** How many block-table entries does one sequence of 100,000 tokens need in blocks
+# of 48 tokens? Set `r3_answer` to a number.
 
 # %% nbgrader={"grade": false, "grade_id": "ch08_r3", "locked": false, "schema_version": 3, "solution": true}
 r3_answer = None
 ### BEGIN SOLUTION
-r3_answer = 2**20 // 64
+r3_answer = -(-100_000 // 48)
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ch08_test_r3", "locked": true, "points": 1, "schema_version": 3, "solution": false}

@@ -75,6 +75,34 @@ NoScaleFloor = mutant(QuantizedPagedKVCache, "quantize_into", """
 """, name="NoScaleFloor")
 
 
+RoundsDown = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    codes = torch.round(rows.float() / new[where][:, :, None]).clamp(-QMAX, QMAX)
++    codes = torch.floor(rows.float() / new[where][:, :, None]).clamp(-QMAX, QMAX)
+""", name="RoundsDown")
+# Adds 0.5 and casts: right for positive values, one step off for most negative ones.
+AddsHalfAndCasts = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    codes = torch.round(rows.float() / new[where][:, :, None]).clamp(-QMAX, QMAX)
++    codes = torch.trunc(rows.float() / new[where][:, :, None] + 0.5).clamp(-QMAX, QMAX)
+""", name="AddsHalfAndCasts")
+# Re-rounds the codes already in a block by a bare cast, which truncates.
+RequantizeTruncates = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    pool[touched] = torch.round(kept).to(pool.dtype)
++    pool[touched] = kept.to(pool.dtype)
+""", name="RequantizeTruncates")
+# Every block and head of a write gets the write's largest |value| / 127.
+OneScalePerWrite = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    old = torch.where((first > 0)[:, None], scales[touched], 0.0)
++    wanted = wanted.amax().expand_as(wanted)
++    old = torch.where((first > 0)[:, None], scales[touched], 0.0)
+""", name="OneScalePerWrite")
+# A head's scale over all rows of the write, whatever block they go to.
+HeadScaleAcrossBlocks = mutant(QuantizedPagedKVCache, "quantize_into", """
+-    old = torch.where((first > 0)[:, None], scales[touched], 0.0)
++    wanted = wanted.amax(dim=0, keepdim=True).expand_as(wanted)
++    old = torch.where((first > 0)[:, None], scales[touched], 0.0)
+""", name="HeadScaleAcrossBlocks")
+
+
 class RescalesOtherBlocks(QuantizedPagedKVCache):
     """Re-rounds every block of the pool to its own max after each write: it rewrites blocks it does
     not own, shared ones included."""
@@ -171,6 +199,11 @@ class WritesIntoTheSharedBlock(QuantizedPagedKVCache):
     (ch08.check_quantize_on_write, FreshPerWrite, ["fresh block 5", "decide per block"]),
     (ch08.check_quantize_on_write, RowByRow, ["one step off", "one at a time"]),
     (ch08.check_quantize_on_write, NoScaleFloor, ["all-zero token", "SCALE_FLOOR"]),
+    (ch08.check_quantize_on_write, RoundsDown, ["rounded down (floor)"]),
+    (ch08.check_quantize_on_write, AddsHalfAndCasts, ["+ 0.5) cast", "negative values the wrong way"]),
+    (ch08.check_quantize_on_write, RequantizeTruncates, ["re-rounded", "truncated toward zero"]),
+    (ch08.check_quantize_on_write, OneScalePerWrite, ["one scale per block per KV head"]),
+    (ch08.check_quantize_on_write, HeadScaleAcrossBlocks, ["across blocks", "its own rows only"]),
     (ch08.check_dequantize_on_read, ReadsInFloat64, ["the dtype", "self.read_dtype"]),
     (ch08.check_dequantize_on_read, ForgetsTheScale, ["raw codes", "multiply each code by its block's scale"]),
     (ch08.check_dequantize_on_read, ScaleByPosition, ["by position in `blocks`", "scales[blocks]"]),
@@ -198,9 +231,27 @@ def test_bug_breaks_the_int8_logits_with_its_hint(bug, words):
     fails_with(ch08.check_int8_logits, bug, ["from-scratch run", *words])
 
 
+@pytest.mark.parametrize("bug, words", [
+    (NoRounding, ["truncated toward zero", "the written codes"]),
+    (OneScalePerWrite, ["one scale for the whole write", "the scales of block 0"]),
+    (RoundsDown, ["rounded down (floor)"]),
+    (AddsHalfAndCasts, ["negative values the wrong way"]),
+    (RequantizeTruncates, ["already held, re-rounded", "truncated toward zero"]),
+    (OneScalePerBlock, ["both heads of a block got one scale"]),
+    (HeadScaleAcrossBlocks, ["across blocks"]),
+], ids=by_name)
+@pytest.mark.parametrize("block_size, seed", [(4, 0), (8, 1)])
+def test_the_int8_logits_check_audits_every_write(bug, words, block_size, seed):
+    """Bugs whose logits stay within INT8_ATOL (or barely leave it) still fail the decisive check, at the
+    first write that breaks the rule, with the hint that names the bug."""
+    fails_with(lambda cls: ch08.check_int8_logits(cls, block_size=block_size, seed=seed), bug,
+               [("did not store what quantize_into must", "the first write that breaks the rule"), *words])
+
+
 @pytest.mark.parametrize("bug", [NoRounding, ClampAtFirstScale, GrowWithoutRequantize, KeepsPreviousOwnersScale,
                                  OneScalePerBlock, OneScaleForThePool, Divides128, ScaleShrinks,
-                                 RescalesOtherBlocks, FreshPerWrite, RowByRow], ids=by_name)
+                                 RescalesOtherBlocks, FreshPerWrite, RowByRow, RoundsDown, AddsHalfAndCasts,
+                                 RequantizeTruncates, OneScalePerWrite, HeadScaleAcrossBlocks], ids=by_name)
 def test_a_quantize_bug_leaves_the_other_exercises_passing(bug):
     ch08.check_dequantize_on_read(bug)
     ch08.check_copy_on_write_carries_scales(bug)
@@ -242,6 +293,22 @@ def ignores_head_dim(hf, dtype_bytes=2):
     return kv_bytes({k: v for k, v in hf.items() if k != "head_dim"}, dtype_bytes)
 
 
+def head_dim_default(hf, dtype_bytes=2):
+    """Reads head_dim with a default, which a present "head_dim": null does not use."""
+    heads = hf["num_attention_heads"]
+    if "kv_lora_rank" in hf:
+        return kv_bytes(hf, dtype_bytes)
+    head_dim = hf.get("head_dim", hf["hidden_size"] // heads)
+    return 2 * hf["num_hidden_layers"] * (hf.get("num_key_value_heads") or heads) * head_dim * dtype_bytes
+
+
+def head_dim_null_is_zero(hf, dtype_bytes=2):
+    """Treats "head_dim": null as 0."""
+    if "head_dim" in hf and hf["head_dim"] is None:
+        return 0
+    return kv_bytes(hf, dtype_bytes)
+
+
 def one_layer(hf, dtype_bytes=2):
     return kv_bytes(hf, dtype_bytes) // hf["num_hidden_layers"]
 
@@ -263,6 +330,8 @@ def test_kv_bytes_reference_passes():
     (ignores_head_dim, ["qwen3-0.6b", "head_dim"]),
     (one_layer, ["llama-2-13b", "num_hidden_layers"]),
     (always_two_bytes, ["dtype_bytes=1", "not a fixed 2"]),
+    (head_dim_default, ['"head_dim": null', "crashed with TypeError", "hidden_size // num_attention_heads"]),
+    (head_dim_null_is_zero, ['"head_dim": null', "expected 131072, got 0", "hidden_size // num_attention_heads"]),
 ], ids=by_name)
 def test_kv_bytes_bug_is_caught(bug, words):
     fails_with(ch08.check_kv_bytes_from_config, bug, words)
@@ -279,14 +348,15 @@ def test_kv_bytes_stub_is_not_implemented():
 def test_review_answers_pass():
     passes(ch08.check_review_int8_bytes, 2 * 80 * 8 * 128 + 2 * 80 * 8 * 4 / 16)
     passes(ch08.check_review_mla_block, "c")
-    passes(ch08.check_review_table_entries, 16384)
+    passes(ch08.check_review_table_entries, 2084)
 
 
 @pytest.mark.parametrize("check, answer, words", cases({
     ch08.check_review_int8_bytes: {None: ["not answered yet"], 163_840: ["codes alone", "scales"], 327_680: ["fp16"],
                                    163_840 + 5_120: ["divide them by the block size"]},
     ch08.check_review_mla_block: {None: ["not answered yet"], "d": ["128 MLA tokens", "69,120"], "e": ["one letter"]},
-    ch08.check_review_table_entries: {65_536: ["blocks of 16"], "many": ["must be a number"]},
+    ch08.check_review_table_entries: {6_250: ["blocks of 16"], 2_083: ["partial block", "round up"],
+                                      "many": ["must be a number"]},
 }))
 def test_review_wrong_answers_get_their_hint(check, answer, words):
     fails_with(check, answer, words)
