@@ -62,3 +62,32 @@ def test_tampering_and_probing_are_flagged_for_the_instructor(graded):
     assert any("put back" in f or "changed during the test" in f for f in graded["cheat_noop_checks"]["flags"])
     assert any("refused" in f and "garbage collector" in f for f in graded["cheat_gc_key_hunt"]["flags"])
     assert any("refused" in f and "tracing hook" in f for f in graded["cheat_settrace"]["flags"])
+
+
+def test_a_renamed_copy_typed_into_the_cell_is_flagged_by_meaning(graded):
+    flags = " ".join(graded["flagged_renamed_reference"]["flags"])
+    assert "ch98_test_allocator: the reference's code, renamed or reformatted" in flags, flags
+    assert "BlockAllocator.allocate has the code of the reference's BlockAllocator.allocate" in flags
+    assert "renamed or reformatted" not in " ".join(graded["honest_own_subclass"]["flags"])
+
+
+def test_code_made_at_run_time_is_not_the_learners_whatever_its_file_name(graded):
+    messages = graded["own_recompiled_reference"]["messages"]
+    assert "code made while the notebook ran" in messages["ch98_test_allocator"], messages
+    refused = " ".join(graded["own_recompiled_reference"]["flags"])
+    assert "compile code under the file name '<learner ch98_physical_slot>'" in refused, refused
+
+
+def test_memory_and_helper_probes_are_refused_and_flagged(graded):
+    assert any("read the process's memory or files in /proc" in f for f in graded["cheat_proc_memory"]["flags"])
+    assert any("garbage collector" in f for f in graded["cheat_helper_globals"]["flags"])
+    assert any("called the engine's reference" in m for m in graded["own_via_chapter_helper"]["messages"].values())
+
+
+@pytest.mark.parametrize("path, inside", [
+    ("/proc/self/mem", True), ("/proc//self/mem", True), ("/proc/self/../self/maps", True), ("/proc", True),
+    ("/proc/./thread-self/environ", True), (b"/proc/1/mem", True), ("/proc/12345", True),
+    ("/proc/cpuinfo", False), ("/procedure/self/mem", False), ("/tmp/proc/self/mem", False), (3, False)])
+def test_every_spelling_of_a_process_folder_is_seen(path, inside):
+    from engine.course.seal import process_path
+    assert process_path(path) is inside

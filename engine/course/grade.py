@@ -184,6 +184,9 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
                 flags.append(f"{cells.grade_id(cell)}: changed during the test: {', '.join(verdict['tampered'][:4])}")
             if verdict.get("own_work") or verdict.get("delegations"):
                 flags.append(f"{cells.grade_id(cell)}: not the learner's own code")
+            if verdict.get("copied"):
+                flags.append(f"{cells.grade_id(cell)}: the reference's code, renamed or reformatted: "
+                             + "; ".join(verdict["copied"][:3]))
             if not run.usable:
                 kernel.restart()
                 for earlier in ran_cleanly:

@@ -126,6 +126,17 @@ def _error(ename: str, evalue: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
 
+# The folder the grader's own `engine` package is imported from: the worker imports that one and nothing
+# from its working folder, the environment's PYTHON* variables or the user's site-packages (python -I).
+ENGINE_HOME = str(Path(__file__).resolve().parents[2])
+
+
+def worker_argv(code: str) -> list[str]:
+    """The command line of a sealed worker running `code`: isolated Python, the grader's engine first."""
+    import sys
+    return [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {ENGINE_HOME!r}); {code}"]
+
+
 class ChannelTampered(RuntimeError):
     """A line on the result pipe that the worker did not sign: the notebook's code wrote to it."""
 
@@ -160,8 +171,8 @@ class SealedKernel:
         self.key = secrets.token_bytes(32)
         command_read, command_write = os.pipe()
         result_read, result_write = os.pipe()
-        argv = [sys.executable, "-c", "from engine.course.seal import main; main()",
-                str(command_read), str(result_write)]
+        argv = worker_argv("from engine.course.seal import main; main()") + [str(command_read),
+                                                                              str(result_write)]
         if self.wrap is not None:
             argv = self.wrap(argv, self.cwd)
         self.process = subprocess.Popen(argv, cwd=str(self.cwd), env=self.env, pass_fds=(command_read, result_write),
@@ -181,7 +192,7 @@ class SealedKernel:
     def _why_no_start(self) -> str:
         """What starting Python the same way says, for the message (only run once the worker failed)."""
         import sys
-        argv = [sys.executable, "-c", "import engine.course.seal"]
+        argv = worker_argv("import engine.course.seal")
         try:
             probe = subprocess.run(self.wrap(argv, self.cwd) if self.wrap else argv, cwd=str(self.cwd),
                                    env=self.env, capture_output=True, text=True, timeout=120)

@@ -35,10 +35,11 @@ can touch, and engine.course.exercises flags submissions that use these tools, f
 from __future__ import annotations
 
 import builtins
-import hashlib
 import hmac
 import io
 import json
+import json.decoder
+import json.encoder
 import os
 import re
 import signal
@@ -48,10 +49,47 @@ import threading
 import traceback
 import types
 
+from engine.course.sealed.fingerprint import code_of, every_code, fingerprint
+
 ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 MAX_STREAM_CHARS = 50_000        # per cell and stream: a flood of prints is cut, not shipped
 TRUSTED_PREFIX = "<trusted "     # the file name of every chapter cell the worker compiles
 LEARNER_PREFIX = "<learner "     # ... and of every learner cell
+
+# The worker speaks with functions written in C, taken before any learner code runs: a learner who
+# rewrites json's encoder or decoder classes or hmac.HMAC cannot read the key, alter a verdict before
+# it is signed, or change the cells the grader sends.
+try:
+    from _hashlib import hmac_digest as _HMAC_DIGEST
+except ImportError:                        # no OpenSSL: hmac.digest, taken now
+    _HMAC_DIGEST = hmac.digest
+_SCAN = json.decoder.JSONDecoder().scan_once          # the C scanner, with its parameters bound
+_C_ENCODER = json.encoder.c_make_encoder
+
+
+def _no_default(value):
+    raise TypeError(f"the worker sends only JSON values, not {type(value).__name__}")
+
+
+_ENCODE = (_C_ENCODER(None, _no_default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False,
+                      False, True) if _C_ENCODER is not None else None)
+
+
+def _dumps(value, _encode=_ENCODE, _join="".join, _fallback=json.dumps) -> str:
+    return _join(_encode(value, 0)) if _encode is not None else _fallback(value, ensure_ascii=True)
+
+
+def _loads(line: str, _scan=_SCAN, _strip=str.strip):
+    text = _strip(line)
+    value, end = _scan(text, 0)
+    if end != len(text):
+        raise ValueError("extra data after a command")
+    return value
+
+
+def _sign(key: bytes, body: str, _digest=_HMAC_DIGEST, _encode=str.encode, _hex=bytes.hex) -> str:
+    return _hex(_digest(key, _encode(body), "sha256"))
+
 
 # Events refused when the first frame above them that is neither library nor engine code is learner code.
 BLOCKED_EVENTS = {
@@ -70,7 +108,26 @@ BLOCKED_EVENTS = {
 BLOCKED_PREFIXES = ("ctypes.", "_ctypes")
 FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"}
 FUNCTION_ATTRIBUTES = {"__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__"}
-PROC_MEMORY = re.compile(r"^/proc/(self|thread-self|\d+)/(task/\d+/)?(mem|maps|smaps|fd|pagemap|environ)")
+# /proc itself and every process's folder in it (memory, maps, fds, environment), however the path is
+# spelled: `/proc//self/mem`, `..`, a relative path after chdir, a symbolic link.
+PROC_PROCESS = re.compile(r"^/proc(/+(self|thread-self|\d+)(/.*)?)?/*$")
+# Starting another program: it would run outside this worker's audit hook (and could read its memory).
+PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                  "os.forkpty", "pty.spawn", "os.startfile")
+PATH_EVENTS = ("open", "os.listdir", "os.scandir", "os.chdir", "os.symlink", "os.link", "shutil.copyfile",
+               "os.truncate", "os.rename")
+
+
+def process_path(path) -> bool:
+    """Whether `path` (str, bytes or path-like; relative to the cwd) names /proc or a process's folder
+    in it, before or after resolving `.`, `..`, repeated slashes and symbolic links."""
+    try:
+        text = os.fsdecode(os.fspath(path))
+    except TypeError:
+        return False                       # a file descriptor: opened already, by a path checked then
+    absolute = text if text.startswith("/") else os.path.join(os.getcwd(), text)
+    spellings = (absolute, os.path.normpath(absolute), os.path.realpath(absolute))
+    return any(PROC_PROCESS.match(spelling) for spelling in spellings)
 # Modules whose functions/constants are guarded (prefix match); others may change as they like.
 GUARDED = ("engine", "torch", "numpy", "builtins", "math", "operator", "functools", "itertools",
            "collections", "random", "copy", "types", "sys", "hmac", "hashlib", "json", "traceback",
@@ -174,7 +231,26 @@ def snapshot(modules: dict) -> tuple:
                 if isinstance(value, type) and (value.__module__ == name or value.__module__.startswith("torch")
                                                 and name == "torch" and value.__name__ == "Tensor"):
                     entries.append((None, value, tuple(vars(value).items()), ()))
+        else:   # the standard library's own classes (json.JSONEncoder, hmac.HMAC, ...): their methods
+            for value in list(namespace.values()):
+                if isinstance(value, type) and value.__module__ == name and not isinstance(value, enum_type):
+                    methods = tuple((k, v) for k, v in vars(value).items() if _is_method(v))
+                    entries.append((_METHODS, value, methods, ()))
     return tuple(module_ids), tuple(entries)
+
+
+_METHODS = "methods"          # a class entry that guards the methods only (the stdlib's classes)
+enum_type = type(re.RegexFlag)
+
+
+def _is_method(value) -> bool:
+    return isinstance(value, (types.FunctionType, staticmethod, classmethod, property))
+
+
+def _methods_changed(cls, items) -> bool:
+    current = vars(cls)
+    now = [k for k, v in current.items() if _is_method(v)]
+    return len(now) != len(items) or any(current.get(k, _MISSING) is not v for k, v in items)
 
 
 def _class_items_changed(cls, items) -> bool:
@@ -198,6 +274,23 @@ def differences(record: tuple, modules: dict, libraries: tuple[str, ...], repair
             if repair:
                 modules[name] = module
     for owner, key, value, extras in entries:
+        if owner is _METHODS:  # a standard-library class: key is the class, value its methods
+            if _methods_changed(key, value):
+                found.append(f"{key.__module__}.{key.__qualname__}")
+                if repair:
+                    recorded = dict(value)
+                    for k in [k for k, v in list(vars(key).items()) if _is_method(v) and k not in recorded]:
+                        try:
+                            delattr(key, k)
+                        except (AttributeError, TypeError):
+                            pass
+                    for k, v in value:
+                        if vars(key).get(k, _MISSING) is not v:
+                            try:
+                                setattr(key, k, v)
+                            except (AttributeError, TypeError):
+                                pass
+            continue
         if owner is None:  # a class: key is the class, value its items
             if _class_items_changed(key, value):
                 found.append(f"{key.__module__}.{key.__qualname__}")
@@ -325,8 +418,11 @@ def _names_read(source: str) -> set[str]:
         return set()
 
 
-def _own_work(name: str, spec: dict, namespace: dict, libraries) -> str:
-    """'' when `name` is the learner's code; else why not."""
+def _own_work(name: str, spec: dict, namespace: dict, libraries, written: dict) -> str:
+    """'' when `name` is the learner's code; else why not.
+
+    Learner code is code the worker compiled from a learner cell's own text (`written`: id -> code
+    object, every function nested in a cell): not a file name, which exec and compile can choose."""
     if name not in namespace:
         return ""  # the test fails on its own (NameError)
     value = namespace[name]
@@ -338,10 +434,11 @@ def _own_work(name: str, spec: dict, namespace: dict, libraries) -> str:
         if not isinstance(fn, types.FunctionType) or code is None:
             return f"not a function written in the notebook ({type(fn).__name__})"
         kind = kind_of(code.co_filename, libraries)
-        if kind == "learner" and code.co_filename.startswith(LEARNER_PREFIX):
+        if written.get(id(code)) is code:
             return ""
         if kind == "learner":
-            return "code that was not written in a notebook cell"
+            return ("code made while the notebook ran (exec, compile or a function built from code), not "
+                    "written in a notebook cell")
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}, the {kind}'s code"
 
     if not methods:
@@ -374,8 +471,8 @@ def make_profile(critical: tuple, references: frozenset, libraries: tuple, audit
                 _kind=kind_of, _learner=_learner_made, _missing=_MISSING):
         if event == "call":
             if frame.f_code in _refs:
-                caller = frame.f_back
-                while caller is not None and _kind(caller.f_code.co_filename, _libs) == "library":
+                caller = frame.f_back      # a chapter helper in between does not launder the call
+                while caller is not None and _kind(caller.f_code.co_filename, _libs) in ("library", "trusted"):
                     caller = caller.f_back
                 if caller is not None and _kind(caller.f_code.co_filename, _libs) == "learner":
                     _audit("course.delegation", frame.f_code.co_qualname, caller.f_code.co_filename)
@@ -393,7 +490,7 @@ def main() -> None:
     command_fd, result_fd = int(sys.argv[1]), int(sys.argv[2])
     commands = os.fdopen(command_fd, "r", encoding="utf-8", closefd=True)
     results = os.fdopen(result_fd, "w", encoding="utf-8", closefd=True)
-    first = json.loads(commands.readline())
+    first = _loads(commands.readline())
     key = bytes.fromhex(first.pop("key"))
     plan = first
     libraries = _library_prefixes()
@@ -409,6 +506,7 @@ def main() -> None:
                 state["tampered"].append(str(args[0]))
             return
         reason = _blocked.get(event)
+        refusal = ValueError
         if reason is None:
             if event.startswith(BLOCKED_PREFIXES):
                 reason = "use ctypes"
@@ -418,10 +516,16 @@ def main() -> None:
                 reason = "inspect frames"
             elif event == "object.__setattr__" and args[1] in FUNCTION_ATTRIBUTES:
                 reason = f"replace a function's {args[1]}"
-            elif event == "open" and isinstance(args[0], str) and PROC_MEMORY.match(args[0]):
-                reason = "read the process's memory"
+            elif event in PATH_EVENTS and any(process_path(arg) for arg in args[:2]
+                                              if isinstance(arg, (str, bytes, os.PathLike))):
+                reason = "read the process's memory or files in /proc"
+                refusal = PermissionError
+            elif event.startswith(PROCESS_EVENTS):
+                reason = "start another program"
+                refusal = PermissionError      # an OSError: libraries that try a tool handle it
             elif event == "compile" and len(args) > 1 and isinstance(args[1], str) and not (
-                    args[1].startswith("<") and not args[1].startswith((TRUSTED_PREFIX, "<frozen"))):
+                    args[1].startswith("<") and not args[1].startswith((TRUSTED_PREFIX, LEARNER_PREFIX,
+                                                                        "<frozen"))):
                 reason = f"compile code under the file name {args[1]!r}"
                 if not args[1].startswith("<"):
                     event = "marshal.compile"  # an import compiling a library file is fine: only direct calls
@@ -435,13 +539,13 @@ def main() -> None:
             immediate = True
             while frame is not None:
                 kind = _kind(frame.f_code.co_filename, _libs)
-                if kind == "trusted":
-                    return
+                # A chapter cell's function does not vouch for its caller: learner code may call a
+                # chapter helper after rebinding the globals it reads. The walk goes on to the grader.
                 if kind == "learner":
                     if event.startswith("marshal.") and not immediate:
                         return
                     state["events"].append(reason)
-                    raise ValueError(f"graded code may not {reason} (the grader refused {event})")
+                    raise refusal(f"graded code may not {reason} (the grader refused {event})")
                 if kind == "engine" and frame.f_code.co_filename == _harness:
                     return  # the grader's own code (learner code it runs sits above it on the stack)
                 immediate = False
@@ -473,24 +577,25 @@ def main() -> None:
     namespace["__builtins__"] = builtins
     sys.modules["__main__"] = main_module
     trusted_bindings: dict = {}
+    written: dict = {}                  # id -> code object of everything compiled from a learner cell
+    reference_prints = _reference_fingerprints(references)
     graded = dict(plan.get("graded", {}))
     graded_by_cell = plan.get("graded_by_cell", {})
     seq = 0
 
-    def send(message: dict) -> None:
-        body = json.dumps(message, ensure_ascii=True)
-        signature = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
-        results.write(f"{body}\t{signature}\n")
+    def send(message: dict, _dumps=_dumps, _sign=_sign) -> None:
+        body = _dumps(message)
+        results.write(body + "\t" + _sign(key, body) + "\n")
         results.flush()
 
     worker_pid = os.getpid()
     send({"seq": 0, "ready": True})
     for line in commands:
         seq += 1
-        job = json.loads(line)
+        job = _loads(line)
         source, kind, name = job["source"], job["kind"], job.get("name") or f"cell{seq}"
         is_test = kind == "test"
-        notes, own = [], []
+        notes, own, copied = [], [], []
         if kind == "learner":                 # a name defined again takes this cell's spec from here on
             graded.update(graded_by_cell.get(name, {}))
         if is_test:
@@ -500,13 +605,21 @@ def main() -> None:
             threading.settrace(None)  # type: ignore[arg-type]
             if repaired:
                 notes.append("put back before this test: " + ", ".join(sorted(set(repaired))[:8]))
+            # What the chapter's cells bound is bound again, silently (a learner may reuse a name like
+            # `cache`), since a chapter helper reads its globals from this namespace; a change during
+            # the test is tampering.
+            own_names = _names_bound(source)
+            chapter_names = tuple((namespace, k, v) for k, v in trusted_bindings.items()
+                                  if k not in graded and k not in own_names)
+            for _, bound, value in chapter_names:
+                namespace[bound] = value
+            profile = make_profile(critical + chapter_names, references, libraries, sys.audit)
             for used in sorted(_names_read(source)):
-                if used in trusted_bindings and used not in graded:
-                    namespace[used] = trusted_bindings[used]
                 if used in graded:
-                    why = _own_work(used, graded[used], namespace, libraries)
+                    why = _own_work(used, graded[used], namespace, libraries, written)
                     if why:
                         own.append(why)
+                    copied.extend(_same_as_reference(used, graded[used], namespace, reference_prints))
             state["delegations"].clear()
             state["tampered"].clear()
         filename = f"{TRUSTED_PREFIX if kind in ('trusted', 'test') else LEARNER_PREFIX}{name}>"
@@ -517,6 +630,8 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             code = compile(source, filename, "exec")
+            if kind == "learner":
+                written.update((id(c), c) for c in every_code(code))
             if is_test:
                 sys.setprofile(profile)
             try:
@@ -552,6 +667,9 @@ def main() -> None:
         verdict = {}
         if is_test:
             after = differences(record, sys.modules, libraries, repair=True) + hooks_state(baseline_threads)
+            after += [f"the chapter's {k}" for _, k, v in chapter_names if namespace.get(k, _MISSING) is not v]
+            for _, k, v in chapter_names:
+                namespace[k] = v
             tampered = sorted(set(after + state["tampered"]))
             reasons = []
             if own:
@@ -569,7 +687,7 @@ def main() -> None:
                 outputs.append({"output_type": "error", "ename": "GradingRefused", "evalue": " ".join(reasons),
                                 "traceback": ["GradingRefused: " + " ".join(reasons)]})
             verdict = {"own_work": own, "delegations": list(state["delegations"]), "tampered": tampered,
-                       "notes": notes}
+                       "notes": notes, "copied": sorted(set(copied))}
         elif kind == "trusted" and status == "ok":
             for bound in _names_bound(source):
                 if bound in namespace:
@@ -577,6 +695,31 @@ def main() -> None:
         events = sorted(set(state["events"]))
         state["events"].clear()
         send({"seq": seq, "status": status, "outputs": outputs, "verdict": verdict, "refused": events})
+
+
+def _reference_fingerprints(references: frozenset) -> dict:
+    """{fingerprint: qualname} of the taught reference functions (long enough to compare)."""
+    prints = {}
+    for code in references:
+        mark = fingerprint(code)
+        if mark:
+            prints[mark] = code.co_qualname
+    return prints
+
+
+def _same_as_reference(name: str, spec: dict, namespace: dict, prints: dict) -> list[str]:
+    """The graded functions of `name` whose code is a reference's, whatever names and layout it has."""
+    value = namespace.get(name)
+    functions = [value] if not spec.get("methods") else [
+        vars(k)[m] for m in spec["methods"] for k in getattr(value, "__mro__", ())[:1] if m in vars(k)]
+    found = []
+    for fn in functions:
+        code = code_of(fn)
+        mark = fingerprint(code) if code is not None else None
+        if mark in prints:
+            found.append(f"{name}{'.' + code.co_name if spec.get('methods') else ''} has the code of "
+                         f"the reference's {prints[mark]}")
+    return found
 
 
 def _reap_children() -> None:
