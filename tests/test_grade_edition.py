@@ -1,8 +1,10 @@
-"""`make student-edition`: what an instructor hands out holds no locked reference body, and each
-released chapter runs in it: 0 untouched, full marks with the solution pasted in.
+"""`make student-edition`: what an instructor hands out holds no locked reference body, and every
+chapter runs in it: 0 untouched, full marks with the solution pasted in.
 
-ch02 is handed out with ch03 and ch04 unlocked: ch02's decisive check runs the engine's paged cache,
-whose fork (ch04) and block writes (ch03) must then be the reference.
+Each chapter k is handed out with every other chapter unlocked (the chapters before it, and those
+whose engine parts its decisive checks run: ch02's runs the paged cache of ch03 and ch04). Its own
+taught bodies are stubs that call the learner's definitions, so a check of an early exercise that
+serves the engine through a later exercise's method finds the learner's one once it is written.
 """
 import ast
 import json
@@ -13,11 +15,11 @@ import sys
 import pytest
 
 from engine.course.edition import build, taught
-from fixtures.course_support import BUILD, REPO, build_lock, expanded, real_chapters, write_notebook
+from fixtures.course_support import BUILD, REPO, build_lock, expanded, once_per_run, real_chapters, write_notebook
 
 pytestmark = [pytest.mark.slow]
 CHAPTERS = {path.stem[:4]: path for path in real_chapters()}
-HANDED_OUT, UNLOCKED = ["ch02"], ["ch03", "ch04"]
+EDITION = BUILD / "edition"
 
 
 def body_text(path, qualname) -> str:
@@ -51,39 +53,6 @@ def edition_texts(out) -> dict:
     return texts
 
 
-@pytest.fixture(scope="module")
-def edition():
-    if not all(c in CHAPTERS for c in HANDED_OUT + UNLOCKED):
-        pytest.skip("needs chapters 2-4 in solutions/")
-    out = BUILD / "edition" / "student-edition"
-    with build_lock("edition"):
-        build(out, HANDED_OUT, UNLOCKED)
-    return out
-
-
-def test_the_edition_holds_what_a_class_needs_and_nothing_more(edition):
-    assert (edition / "notebooks" / f"{CHAPTERS['ch02'].stem}.ipynb").is_file()
-    assert not (edition / "solutions").exists() and not (edition / "tests").exists()
-    assert sorted(p.name for p in (edition / "engine" / "checks").glob("ch*.py")) == [
-        f"{c}.py" for c in sorted(HANDED_OUT + UNLOCKED) if (REPO / "engine" / "checks" / f"{c}.py").exists()]
-    notebook = (edition / "notebooks" / f"{CHAPTERS['ch02'].stem}.ipynb").read_text()
-    assert "BEGIN HIDDEN TESTS" not in notebook and "BEGIN SOLUTION" not in notebook
-
-
-def test_no_locked_reference_body_is_findable(edition):
-    texts = edition_texts(edition)
-    locked = [(path, name) for chapter, source in CHAPTERS.items() if chapter not in UNLOCKED
-              for path, name in taught(source)]
-    assert locked
-    for path, name in locked:
-        body = body_text(path, name)
-        holders = [str(file.relative_to(edition)) for file, text in texts.items() if body in text]
-        assert not holders, f"{path}::{name}'s reference body is in {holders}"
-    for chapter in UNLOCKED:  # the unlocked chapters keep theirs
-        for path, name in taught(CHAPTERS[chapter]):
-            assert body_text(path, name) in texts[edition / path], f"{path}::{name} should be kept"
-
-
 def grade_in(edition, folder) -> dict:
     env = dict(os.environ, PYTHONPATH=str(edition))
     result = subprocess.run([sys.executable, "-m", "engine.course.grade", str(folder), "--solutions", "course",
@@ -92,12 +61,62 @@ def grade_in(edition, folder) -> dict:
     return json.loads(result.stdout)
 
 
-def test_a_released_chapter_scores_zero_untouched_and_full_with_the_solution(edition):
-    name = CHAPTERS["ch02"].stem
-    solution = write_notebook(expanded(CHAPTERS["ch02"]), BUILD / "edition" / "pasted", name).parent
+def build_and_grade() -> dict:
+    """{chapter: {"untouched": grade, "pasted": grade}}, each chapter in its own edition."""
     from concurrent.futures import ThreadPoolExecutor
+    jobs = []
+    for chapter, path in CHAPTERS.items():
+        out = EDITION / chapter
+        build(out, [chapter], [c for c in CHAPTERS if c != chapter])
+        pasted = write_notebook(expanded(path), EDITION / f"{chapter}-pasted", path.stem).parent
+        jobs += [(chapter, "untouched", out, out / "notebooks"), (chapter, "pasted", out, pasted)]
     with ThreadPoolExecutor(2) as pool:
-        untouched, pasted = pool.map(lambda folder: grade_in(edition, folder), [edition / "notebooks", solution])
-    assert untouched["earned"] == 0 and untouched["possible"] > 0
+        grades = list(pool.map(lambda job: grade_in(job[2], job[3]), jobs))
+    results: dict = {}
+    for (chapter, kind, _, _), grade in zip(jobs, grades):
+        results.setdefault(chapter, {})[kind] = grade
+    return results
+
+
+@pytest.fixture(scope="module")
+def editions():
+    with build_lock("edition"):
+        return once_per_run("editions", build_and_grade)
+
+
+@pytest.mark.parametrize("chapter", sorted(CHAPTERS))
+def test_each_chapter_scores_zero_untouched_and_full_with_the_solution_pasted(editions, chapter):
+    untouched, pasted = editions[chapter]["untouched"], editions[chapter]["pasted"]
+    assert untouched["earned"] == 0 and untouched["possible"] > 0, untouched
     assert pasted["earned"] == pasted["possible"], [
-        e for c in pasted["chapters"] for e in c["exercises"] if e["message"] and e["kind"] == "test"]
+        (e["grade_id"], e["message"]) for c in pasted["chapters"] for e in c["exercises"]
+        if e["message"] and e["kind"] == "test" and e["earned"] != e["possible"]]
+
+
+@pytest.mark.parametrize("chapter", sorted(CHAPTERS))
+def test_no_locked_reference_body_is_findable(editions, chapter):
+    edition = EDITION / chapter
+    assert (edition / "notebooks" / f"{CHAPTERS[chapter].stem}.ipynb").is_file()
+    assert not (edition / "solutions").exists() and not (edition / "tests").exists()
+    notebook = (edition / "notebooks" / f"{CHAPTERS[chapter].stem}.ipynb").read_text()
+    assert "BEGIN HIDDEN TESTS" not in notebook and "BEGIN SOLUTION" not in notebook
+    texts = edition_texts(edition)
+    locked = taught(CHAPTERS[chapter])
+    for path, name in locked:
+        body = body_text(path, name)
+        holders = [str(file.relative_to(edition)) for file, text in texts.items() if body in text]
+        assert not holders, f"{path}::{name}'s reference body is in {holders}"
+    for other in CHAPTERS:  # the unlocked chapters keep theirs
+        for path, name in (taught(CHAPTERS[other]) if other != chapter else []):
+            if (path, name) not in locked:
+                assert body_text(path, name) in texts[edition / path], f"{path}::{name} should be kept"
+
+
+def test_edition_refuses_to_replace_a_folder_it_did_not_write(tmp_path):
+    (tmp_path / "mine.txt").write_text("an instructor's notes")
+    with pytest.raises(SystemExit, match="holds files this command did not write"):
+        build(tmp_path, ["ch02"], [])
+    assert (tmp_path / "mine.txt").read_text() == "an instructor's notes"
+    done = subprocess.run([sys.executable, "-m", "engine.course.edition", "--chapters", "ch02", "--out",
+                           str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode != 0 and "add --force" in done.stderr and (tmp_path / "mine.txt").exists()

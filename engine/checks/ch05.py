@@ -20,7 +20,7 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
 from engine.checks import (ATOL, CheckFailed, check, compare_logits, expect_equal, expect_raises, fail, passed,
-                           review_choice, review_number, tiny)
+                           review_choice, review_number, served, tiny)
 from engine.demos.prefix import run as run_prefix_demo
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
@@ -155,18 +155,19 @@ def check_chain(cls) -> None:
         fail("chain(tokens, salt='t', extra_keys=('lora',)): the extra of each block",
              [("t", "lora"), ("lora",)], [tuple(e) for e in extra], hint)
     # Served: both histories keep hitting (the engine's attach and remember use this chain).
-    prefix = cls(_cache())
-    a, b, x = seeded_tokens(BS, 7), seeded_tokens(BS, 8), seeded_tokens(BS, 9)
-    reused = []
-    for seq, prompt in enumerate([a + x + [1], b + x + [2], a + x + [3], b + x + [4]]):
-        got, gap = _serve(prefix, seq, prompt)
-        if gap > ATOL:
-            fail(f"serving {['A+X', 'B+X', 'A+X', 'B+X'][seq]}: the logits differ from a cold prefill "
-                 f"(max |Δ| {gap:.3g})", hint=LOUD)
-        reused.append(got)
-        prefix.cache.free(seq)
-    expect_equal(reused[2:], [2 * BS, 2 * BS], "serving A+X, B+X, then A+X and B+X again: tokens the last "
-                 "two reuse", QUIET)
+    with served("serving A+X and B+X"):
+        prefix = cls(_cache())
+        a, b, x = seeded_tokens(BS, 7), seeded_tokens(BS, 8), seeded_tokens(BS, 9)
+        reused = []
+        for seq, prompt in enumerate([a + x + [1], b + x + [2], a + x + [3], b + x + [4]]):
+            got, gap = _serve(prefix, seq, prompt)
+            if gap > ATOL:
+                fail(f"serving {['A+X', 'B+X', 'A+X', 'B+X'][seq]}: the logits differ from a cold prefill "
+                     f"(max |Δ| {gap:.3g})", hint=LOUD)
+            reused.append(got)
+            prefix.cache.free(seq)
+        expect_equal(reused[2:], [2 * BS, 2 * BS], "serving A+X, B+X, then A+X and B+X again: tokens the last "
+                     "two reuse", QUIET)
     passed(f"chain: one key per full block, chained on the parent's key and the salt; A+X and B+X "
            f"each keep reusing all {2 * BS} tokens of their two full blocks")
 
@@ -187,13 +188,14 @@ def check_matches(cls) -> None:
             fail(f"matches(entry computed from parent 11, tokens (1, 2, 3, 4), extra ('t',)) against "
                  f"parent {parent}, tokens {tokens}, extra {extra}", want, got, hint)
     # Served with a hash under which every block collides: a lookup must verify, not trust the key.
-    prefix = cls(_cache(), hash_fn=lambda parent, tokens, extra: 0)
-    first, other = seeded_tokens(2 * BS + 1, 10), seeded_tokens(2 * BS + 1, 11)
-    _serve(prefix, 0, first)
-    reused, gap = _serve(prefix, 1, other)
-    if reused or gap > ATOL:
-        fail("with a hash under which every block collides, a different prompt reused tokens",
-             0, reused, "a lookup must verify the parent, tokens and extra keys of what it finds")
+    with served("serving colliding keys"):
+        prefix = cls(_cache(), hash_fn=lambda parent, tokens, extra: 0)
+        first, other = seeded_tokens(2 * BS + 1, 10), seeded_tokens(2 * BS + 1, 11)
+        _serve(prefix, 0, first)
+        reused, gap = _serve(prefix, 1, other)
+        if reused or gap > ATOL:
+            fail("with a hash under which every block collides, a different prompt reused tokens",
+                 0, reused, "a lookup must verify the parent, tokens and extra keys of what it finds")
     passed("matches: a hit needs the same parent, tokens and extra keys; colliding keys are misses")
 
 
@@ -210,64 +212,66 @@ def check_attach(cls) -> None:
                  "nothing is cached yet")
     expect_equal(cache.tables.get(0), [], "attach(0, ...) to an empty cache: sequence 0's table",
                  "attach creates the sequence (cache.create) even when nothing is reused")
-    cached_step(tiny(), cache, [0], [shared + [1]])
-    prefix.remember(0, shared + [1])
-    blocks = cache.tables[0][:2]
-    for seq, prompt, want, what in ((1, shared + [2, 3], 2 * BS, "two cached blocks and a tail"),
-                                    (2, shared[:BS] + [9] * BS + [4], BS, "a miss in the second block"),
-                                    (3, shared[:BS - 1], 0, "shorter than one block")):
-        got = prefix.attach(seq, prompt)
-        if got != want:
-            hint = ("walk the chain block by block; the first miss ends the prefix" if got > want else
-                    "share every cached full block up to the first miss")
-            if got == want - 1 and want > 0:
-                hint = ("one token short: a token is held back only when the cached blocks cover the "
-                        "whole prompt; reused = min(blocks x block_size, len(prompt) - 1)")
-            fail(f"attach of a prompt with {what} ({len(prompt)} tokens): tokens reused", want, got, hint)
-        expect_equal(cache.length(seq), want, f"after attach of a prompt with {what}: cache.length({seq})",
-                     "set the sequence's length to the tokens reused (cache.set_length)")
-        expect_equal(cache.tables[seq], blocks[:want // BS], f"after attach of a prompt with {what}: "
-                     f"sequence {seq}'s table", "the table holds the cached blocks, in order")
-    refs = [cache.allocator.refcount(b) for b in blocks]
-    expect_equal(refs, [4, 3], f"after three attaches, the refcounts of the cached blocks {blocks}",
-                 "each hit adds an owner (cache.share_blocks): sequence 0, the cache, and each sequence "
-                 "that attached to the block. A hit without a reference could be evicted under it")
-    got = prefix.attach(4, shared)                      # exactly the cached blocks: block-aligned
-    if got != 2 * BS - 1:
-        fail(f"attach of a {2 * BS}-token prompt whose {2} blocks are both cached: tokens reused",
-             2 * BS - 1, got, NO_PREFILL if got == 2 * BS else "reuse all but the last prompt token")
-    expect_equal(cache.length(4), 2 * BS - 1, "after attach of a fully cached prompt: cache.length(4)",
-                 f"{NO_PREFILL}: set the length to the capped count too, "
-                 "self.cache.set_length(seq, reused) with reused = min(blocks x block_size, len(prompt) - 1)")
-    expect_equal(cache.tables[4], blocks, "after attach of a fully cached prompt: its table",
-                 "both blocks are attached; the last is copied on write when its last token is prefilled")
-    want = {"queries": 5, "hits": 3, "tokens_saved": 3 * BS + 2 * BS - 1}
-    got = {k: prefix.stats()[k] for k in want}
-    expect_equal(got, want, "stats() after attaching 5 prompts (3 of them hits)",
-                 "count every attach as a query, one that reused tokens as a hit, and the tokens reused")
-    # detach: the scheduler undoes an admission that does not fit.
-    before = (prefix.stats(), [cache.allocator.refcount(b) for b in blocks], cache.allocator.num_free)
-    prefix.attach(5, shared + [7])
-    prefix.detach(5)
-    if 5 in cache.tables:
-        fail("after attach(5, ...) then detach(5), sequence 5 still exists", hint="detach frees the sequence")
-    after = (prefix.stats(), [cache.allocator.refcount(b) for b in blocks], cache.allocator.num_free)
-    if after[1:] != before[1:]:
-        fail("attach then detach changed the refcounts or free blocks", before[1:], after[1:],
-             "detach must give back every reference attach took (free the sequence)")
-    expect_equal(after[0], before[0], "stats() after an attach that detach undid", UNDONE)
-    miss = seeded_tokens(2 * BS + 1, 25)
-    prefix.attach(6, miss)
-    prefix.detach(6)
-    expect_equal(prefix.stats(), before[0], "stats() after attach then detach of a prompt that reused "
-                 "nothing", "detach takes back exactly what attach counted: a query always, a hit only "
-                 "if that attach reused tokens, and the tokens it reused")
+    queries = prefix.stats()["queries"]
     expect_raises(ValueError, lambda: prefix.attach(9, []), "attach(9, []): an empty prompt",
                   "an empty prompt has no last token to prefill: raise ValueError")
-    if 9 in cache.tables or prefix.stats()["queries"] != before[0]["queries"]:
+    if 9 in cache.tables or prefix.stats()["queries"] != queries:
         fail("attach(9, []) raised, but created sequence 9 or counted a query",
              hint="check the prompt first, then create the sequence and count")
-    _check_undone_admissions(cls)
+    with served("attaching to remembered blocks"):
+        cached_step(tiny(), cache, [0], [shared + [1]])
+        prefix.remember(0, shared + [1])
+        blocks = cache.tables[0][:2]
+        for seq, prompt, want, what in ((1, shared + [2, 3], 2 * BS, "two cached blocks and a tail"),
+                                        (2, shared[:BS] + [9] * BS + [4], BS, "a miss in the second block"),
+                                        (3, shared[:BS - 1], 0, "shorter than one block")):
+            got = prefix.attach(seq, prompt)
+            if got != want:
+                hint = ("walk the chain block by block; the first miss ends the prefix" if got > want else
+                        "share every cached full block up to the first miss")
+                if got == want - 1 and want > 0:
+                    hint = ("one token short: a token is held back only when the cached blocks cover the "
+                            "whole prompt; reused = min(blocks x block_size, len(prompt) - 1)")
+                fail(f"attach of a prompt with {what} ({len(prompt)} tokens): tokens reused", want, got, hint)
+            expect_equal(cache.length(seq), want, f"after attach of a prompt with {what}: cache.length({seq})",
+                         "set the sequence's length to the tokens reused (cache.set_length)")
+            expect_equal(cache.tables[seq], blocks[:want // BS], f"after attach of a prompt with {what}: "
+                         f"sequence {seq}'s table", "the table holds the cached blocks, in order")
+        refs = [cache.allocator.refcount(b) for b in blocks]
+        expect_equal(refs, [4, 3], f"after three attaches, the refcounts of the cached blocks {blocks}",
+                     "each hit adds an owner (cache.share_blocks): sequence 0, the cache, and each sequence "
+                     "that attached to the block. A hit without a reference could be evicted under it")
+        got = prefix.attach(4, shared)                      # exactly the cached blocks: block-aligned
+        if got != 2 * BS - 1:
+            fail(f"attach of a {2 * BS}-token prompt whose {2} blocks are both cached: tokens reused",
+                 2 * BS - 1, got, NO_PREFILL if got == 2 * BS else "reuse all but the last prompt token")
+        expect_equal(cache.length(4), 2 * BS - 1, "after attach of a fully cached prompt: cache.length(4)",
+                     f"{NO_PREFILL}: set the length to the capped count too, "
+                     "self.cache.set_length(seq, reused) with reused = min(blocks x block_size, len(prompt) - 1)")
+        expect_equal(cache.tables[4], blocks, "after attach of a fully cached prompt: its table",
+                     "both blocks are attached; the last is copied on write when its last token is prefilled")
+        want = {"queries": 5, "hits": 3, "tokens_saved": 3 * BS + 2 * BS - 1}
+        got = {k: prefix.stats()[k] for k in want}
+        expect_equal(got, want, "stats() after attaching 5 prompts (3 of them hits)",
+                     "count every attach as a query, one that reused tokens as a hit, and the tokens reused")
+        # detach: the scheduler undoes an admission that does not fit.
+        before = (prefix.stats(), [cache.allocator.refcount(b) for b in blocks], cache.allocator.num_free)
+        prefix.attach(5, shared + [7])
+        prefix.detach(5)
+        if 5 in cache.tables:
+            fail("after attach(5, ...) then detach(5), sequence 5 still exists", hint="detach frees the sequence")
+        after = (prefix.stats(), [cache.allocator.refcount(b) for b in blocks], cache.allocator.num_free)
+        if after[1:] != before[1:]:
+            fail("attach then detach changed the refcounts or free blocks", before[1:], after[1:],
+                 "detach must give back every reference attach took (free the sequence)")
+        expect_equal(after[0], before[0], "stats() after an attach that detach undid", UNDONE)
+        miss = seeded_tokens(2 * BS + 1, 25)
+        prefix.attach(6, miss)
+        prefix.detach(6)
+        expect_equal(prefix.stats(), before[0], "stats() after attach then detach of a prompt that reused "
+                     "nothing", "detach takes back exactly what attach counted: a query always, a hit only "
+                     "if that attach reused tokens, and the tokens it reused")
+        _check_undone_admissions(cls)
     passed("attach: the longest cached chain, shared; one prompt token always left to prefill; "
            "detach undoes an admission and its count, in the scheduler too")
 
@@ -300,52 +304,53 @@ def check_remember(cls) -> None:
     prompt = seeded_tokens(2 * BS + 1, 16)
     prefix.attach(0, prompt)
     cached_step(tiny(), cache, [0], [prompt])
-    got = prefix.remember(0, prompt)
-    table = cache.tables[0]
-    if table[2] in prefix.block_keys:
-        fail(f"remember of a {2 * BS + 1}-token sequence published its partial third block", hint=PARTIAL)
-    expect_equal(got, 2, f"remember of a {2 * BS + 1}-token prefilled sequence: blocks published",
-                 "publish each full block of the computed tokens")
-    expect_equal(sorted(prefix.block_keys), sorted(table[:2]), "the blocks published",
-                 "publish table[i] for block i of the chain")
-    expect_equal([cache.allocator.refcount(b) for b in table[:2]], [2, 2], "refcounts of the published blocks",
-                 "self.publish adds the cache's own reference: the sequence and the cache")
-    expect_equal(prefix.remember(0, prompt), 0, "remember of the same sequence again: blocks published",
-                 "a block already cached under its key is not published again")
-    refs = [cache.allocator.refcount(b) for b in table[:2]]
-    expect_equal(prefix.remember(0, prompt, salt="other"), 0, "remember of the same sequence under "
-                 "another salt (other keys, the same blocks): blocks published",
-                 "one block, one entry: a block already published (in self.block_keys) under another "
-                 "key is not published again; stop there")
-    expect_equal([cache.allocator.refcount(b) for b in table[:2]], refs, "refcounts after that remember",
-                 "one block, one entry: stop at a block that self.block_keys already holds")
-    # Chunked prefill: only what has been computed.
-    long = seeded_tokens(3 * BS, 17)
-    prefix.attach(1, long)
-    cached_step(tiny(), cache, [1], [long[:BS + 1]])
-    what = f"remember after a first prefill chunk of {BS + 1} of {3 * BS} tokens"
-    try:
-        got = prefix.remember(1, long)
-    except IndexError as error:
-        fail(f"{what} crashed with IndexError ({error}): the prompt has 3 full blocks, the sequence's "
-             f"table only {len(cache.tables[1])} so far", hint=UNCOMPUTED)
-    expect_equal(got, 1, f"{what}: blocks published", UNCOMPUTED)
-    cached_step(tiny(), cache, [1], [long[BS + 1:]])
-    expect_equal(prefix.remember(1, long), 2, "remember after the rest of the prompt: blocks published")
-    # The published blocks serve a later request, after their sequence is gone.
-    cache.free(0)
-    reused, gap = _serve(prefix, 2, prompt[:2 * BS] + [5, 6])
-    expect_equal(reused, 2 * BS, "after sequence 0 is freed, a request with its two full blocks: tokens "
-                 "reused", "the cache's own reference keeps a published block alive after its sequence")
-    if gap > ATOL:
-        fail(f"the request served from remembered blocks: max |Δ| {gap:.3g} against a cold prefill",
-             hint="publish each block under the key of the tokens it really holds")
-    # A hash under which every block collides: nothing may be overwritten.
-    collide = cls(_cache(), hash_fn=lambda parent, tokens, extra: 0)
-    _serve(collide, 0, seeded_tokens(2 * BS + 1, 18))
-    expect_equal(sorted(collide.block_keys), collide.cache.tables[0][:1], "with a hash under which every "
-                 "block collides: the blocks published by one remember", "a key taken by a different "
-                 "block is a collision: stop publishing there (self.matches tells), never overwrite it")
+    with served("publishing a block"):     # publish keeps the eviction line: evictable, Exercise 5.4
+        got = prefix.remember(0, prompt)
+        table = cache.tables[0]
+        if table[2] in prefix.block_keys:
+            fail(f"remember of a {2 * BS + 1}-token sequence published its partial third block", hint=PARTIAL)
+        expect_equal(got, 2, f"remember of a {2 * BS + 1}-token prefilled sequence: blocks published",
+                     "publish each full block of the computed tokens")
+        expect_equal(sorted(prefix.block_keys), sorted(table[:2]), "the blocks published",
+                     "publish table[i] for block i of the chain")
+        expect_equal([cache.allocator.refcount(b) for b in table[:2]], [2, 2], "refcounts of the published blocks",
+                     "self.publish adds the cache's own reference: the sequence and the cache")
+        expect_equal(prefix.remember(0, prompt), 0, "remember of the same sequence again: blocks published",
+                     "a block already cached under its key is not published again")
+        refs = [cache.allocator.refcount(b) for b in table[:2]]
+        expect_equal(prefix.remember(0, prompt, salt="other"), 0, "remember of the same sequence under "
+                     "another salt (other keys, the same blocks): blocks published",
+                     "one block, one entry: a block already published (in self.block_keys) under another "
+                     "key is not published again; stop there")
+        expect_equal([cache.allocator.refcount(b) for b in table[:2]], refs, "refcounts after that remember",
+                     "one block, one entry: stop at a block that self.block_keys already holds")
+        # Chunked prefill: only what has been computed.
+        long = seeded_tokens(3 * BS, 17)
+        prefix.attach(1, long)
+        cached_step(tiny(), cache, [1], [long[:BS + 1]])
+        what = f"remember after a first prefill chunk of {BS + 1} of {3 * BS} tokens"
+        try:
+            got = prefix.remember(1, long)
+        except IndexError as error:
+            fail(f"{what} crashed with IndexError ({error}): the prompt has 3 full blocks, the sequence's "
+                 f"table only {len(cache.tables[1])} so far", hint=UNCOMPUTED)
+        expect_equal(got, 1, f"{what}: blocks published", UNCOMPUTED)
+        cached_step(tiny(), cache, [1], [long[BS + 1:]])
+        expect_equal(prefix.remember(1, long), 2, "remember after the rest of the prompt: blocks published")
+        # The published blocks serve a later request, after their sequence is gone.
+        cache.free(0)
+        reused, gap = _serve(prefix, 2, prompt[:2 * BS] + [5, 6])
+        expect_equal(reused, 2 * BS, "after sequence 0 is freed, a request with its two full blocks: tokens "
+                     "reused", "the cache's own reference keeps a published block alive after its sequence")
+        if gap > ATOL:
+            fail(f"the request served from remembered blocks: max |Δ| {gap:.3g} against a cold prefill",
+                 hint="publish each block under the key of the tokens it really holds")
+        # A hash under which every block collides: nothing may be overwritten.
+        collide = cls(_cache(), hash_fn=lambda parent, tokens, extra: 0)
+        _serve(collide, 0, seeded_tokens(2 * BS + 1, 18))
+        expect_equal(sorted(collide.block_keys), collide.cache.tables[0][:1], "with a hash under which every "
+                     "block collides: the blocks published by one remember", "a key taken by a different "
+                     "block is a collision: stop publishing there (self.matches tells), never overwrite it")
     passed("remember: full computed blocks only, each published once with the cache's reference; "
            "they outlive their sequence; collisions stop the chain")
 

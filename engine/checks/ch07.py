@@ -16,7 +16,7 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.checks import (ATOL, CheckFailed, check, compare_logits, expect_equal, expect_raises, fail, passed,
-                           review_choice, review_number, tiny)
+                           review_choice, review_number, served, tiny)
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -246,34 +246,35 @@ def check_preempt(cls) -> None:
         fail("after preempt by recompute with a prefix cache, its cached blocks", "2 full blocks", "none",
              "publish the victim (self.publish(seq)) before releasing it, so re-admission finds its "
              "blocks in the prefix cache")
-    # "auto" decides by length: preemption_mode says which, and preempt must follow it.
-    for computed in (9, 10):
-        sched, old, new = _preempt_case(cls, "auto", swap_min_tokens=computed)
-        victim = old if computed == 10 else new   # old (9 computed) recomputes; new (10) swaps
-        want, computed_before = sched.preemption_mode(victim), victim.num_computed
-        try:
-            mode = sched.preempt(victim)
-        except KeyError as error:
-            fail(f"preempt with SchedulerConfig(preemption='auto', swap_min_tokens={computed}) raised "
-                 f"KeyError: {error}", hint="'auto' is not a mode: mode = self.preemption_mode(seq) "
-                 "decides between 'swap' and 'recompute'")
-        expect_equal(mode, want, f"preempt of a sequence with {computed_before} computed tokens, "
-                     f"SchedulerConfig(preemption='auto', swap_min_tokens={computed}): the mode returned",
-                     "mode = self.preemption_mode(seq) decides swap or recompute; use it and return it")
-    # Swap: the K/V go to the host, the progress stays.
-    sched, old, new = _preempt_case(cls, "swap")
-    free_before = sched.cache.allocator.num_free
-    mode = sched.preempt(new)
-    expect_equal(mode, "swap", "preempt with SchedulerConfig(preemption='swap') returned")
-    if new.seq_id not in sched.cache.swapped or sched.cache.allocator.num_free != free_before + 3:
-        fail("after preempt by swap of a sequence holding 3 blocks, (swapped out in the cache?, free blocks)",
-             (True, free_before + 3), (new.seq_id in sched.cache.swapped, sched.cache.allocator.num_free),
-             LEAKED)
-    expect_equal((_status(new), new.num_computed, [s.seq_id for s in sched.swapped], sched.swapped_tokens),
-                 (Status.SWAPPED.value, 10, [1], 10),
-                 "after preempt by swap: (status, num_computed, swapped ids, swapped_tokens)",
-                 "a swapped victim keeps num_computed (its K/V are on the host), is marked SWAPPED, "
-                 "appended to self.swapped, and self.swapped_tokens grows by its num_computed")
+    with served("preempting by swap"):     # swap_out is Exercise 7.4
+        # "auto" decides by length: preemption_mode says which, and preempt must follow it.
+        for computed in (9, 10):
+            sched, old, new = _preempt_case(cls, "auto", swap_min_tokens=computed)
+            victim = old if computed == 10 else new   # old (9 computed) recomputes; new (10) swaps
+            want, computed_before = sched.preemption_mode(victim), victim.num_computed
+            try:
+                mode = sched.preempt(victim)
+            except KeyError as error:
+                fail(f"preempt with SchedulerConfig(preemption='auto', swap_min_tokens={computed}) raised "
+                     f"KeyError: {error}", hint="'auto' is not a mode: mode = self.preemption_mode(seq) "
+                     "decides between 'swap' and 'recompute'")
+            expect_equal(mode, want, f"preempt of a sequence with {computed_before} computed tokens, "
+                         f"SchedulerConfig(preemption='auto', swap_min_tokens={computed}): the mode returned",
+                         "mode = self.preemption_mode(seq) decides swap or recompute; use it and return it")
+        # Swap: the K/V go to the host, the progress stays.
+        sched, old, new = _preempt_case(cls, "swap")
+        free_before = sched.cache.allocator.num_free
+        mode = sched.preempt(new)
+        expect_equal(mode, "swap", "preempt with SchedulerConfig(preemption='swap') returned")
+        if new.seq_id not in sched.cache.swapped or sched.cache.allocator.num_free != free_before + 3:
+            fail("after preempt by swap of a sequence holding 3 blocks, (swapped out in the cache?, free blocks)",
+                 (True, free_before + 3), (new.seq_id in sched.cache.swapped, sched.cache.allocator.num_free),
+                 LEAKED)
+        expect_equal((_status(new), new.num_computed, [s.seq_id for s in sched.swapped], sched.swapped_tokens),
+                     (Status.SWAPPED.value, 10, [1], 10),
+                     "after preempt by swap: (status, num_computed, swapped ids, swapped_tokens)",
+                     "a swapped victim keeps num_computed (its K/V are on the host), is marked SWAPPED, "
+                     "appended to self.swapped, and self.swapped_tokens grows by its num_computed")
     passed("preempt: recompute frees the blocks, publishes them first, resets num_computed to 0 and "
            "queues the victim in front; swap moves the K/V to the host and keeps the progress")
 

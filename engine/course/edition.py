@@ -42,19 +42,52 @@ imported this stub), the call raises NotImplementedError: write that exercise in
 import sys
 
 
+class NotWrittenYet(NotImplementedError):
+    """A taught function or method the running notebook does not define (yet)."""
+
+    def __init__(self, message, qualname):
+        super().__init__(message)
+        self.qualname = qualname
+
+
+def _unwritten():
+    raise NotImplementedError()
+
+
 def yours(chapter, qualname, stub):
-    """The learner's definition of `qualname` (a function, or Class.method) from the notebook."""
+    """The learner's definition of `qualname` (a function, or Class.method) from the notebook.
+
+    A chapter's exercise cells may each define a subclass holding only their own methods (and bind it
+    to the same name), so a method is looked for in every class the notebook holds, the class under
+    the method's own name first."""
     namespace = getattr(sys.modules.get("__main__"), "__dict__", {})
-    parts = qualname.split(".")
-    found = namespace.get(parts[0])
-    for part in parts[1:]:
-        found = getattr(found, part, None) if found is not None else None
+    owner, _, method = qualname.rpartition(".")
+    if not owner:
+        found = namespace.get(qualname)
+    else:
+        reference = sys.modules.get(stub.__module__)
+        for part in owner.split("."):
+            reference = getattr(reference, part, None)
+        classes = [namespace.get(owner)] + list(namespace.values())
+        found = next((vars(k)[method] for c in classes if isinstance(c, type) for k in c.__mro__
+                      if k.__module__ == "__main__" and isinstance(reference, type)
+                      and issubclass(k, reference) and _written(vars(k).get(method), stub)), None)
     found = getattr(found, "__func__", found)
-    if found is None or found is stub or getattr(found, "__code__", None) is getattr(stub, "__code__", 0):
-        raise NotImplementedError(
+    if not _written(found, stub):
+        raise NotWrittenYet(
             f"{qualname} is yours to write in {chapter}: this edition of the engine leaves it out. "
-            f"Run the notebook cell that defines it, then this one again.")
+            f"Run the notebook cell that defines it, then this one again.", qualname)
     return found
+
+
+def _written(value, stub):
+    """Whether value is a definition other than this stub and other than the notebook's own
+    `raise NotImplementedError()` (a function, static or class method)."""
+    value = getattr(value, "__func__", value)
+    code = getattr(value, "__code__", None)
+    return value is not None and value is not stub and code is not getattr(stub, "__code__", 0) and not (
+        code is not None and code.co_code == _unwritten.__code__.co_code
+        and code.co_names == _unwritten.__code__.co_names)
 '''
 EDITION_MAKEFILE = """# The student edition: `make setup` once, then `make lab` and `make grade`.
 PYTHON ?= python3
@@ -87,6 +120,8 @@ Chapters in this edition: {chapters}.
 
 The engine in `engine/` is the course's engine with the parts you write left out: a function or method
 you are asked to write raises NotImplementedError until your notebook defines it, and then runs your code.
+A check of an early exercise that runs the engine through a later exercise of the same chapter prints
+`(not checked yet: ...)` for that part until you have written the later one: run the check again then.
 """
 
 
@@ -169,7 +204,20 @@ def _after_future_imports(tree: ast.Module) -> int:
     return index
 
 
-def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None = None) -> Path:
+MARK = ".student-edition"      # in every folder build() writes: the one kind it may replace
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuse to replace a folder that holds anything but an earlier student edition (unless force)."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"--out {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARK).is_file() and not force:
+        raise SystemExit(f"--out {out} is a folder that holds files this command did not write: name an "
+                         "empty or new folder, or add --force to replace what is in it")
+
+
+def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None = None,
+          force: bool = False) -> Path:
     """Write the student edition of `chapters` (ids) into `out`, keeping the reference of `unlock`."""
     root = root or repo_root()
     every = {assignment_id(path): path for path in chapter_files(root / "solutions")}
@@ -178,8 +226,10 @@ def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None =
         raise SystemExit(f"no chapter {', '.join(unknown)} in solutions/ (have {', '.join(sorted(every))})")
     if not chapters:
         raise SystemExit("name the chapters to hand out: CHAPTERS=ch02,ch03")
+    check_out(out, force)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    (out / MARK).write_text("written by python -m engine.course.edition; it may replace this folder\n")
     shutil.copytree(root / "engine", out / "engine",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
     for name in ("pyproject.toml", "requirements.txt", "constraints.txt"):
@@ -215,9 +265,11 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chapters", required=True, help="chapters to hand out, e.g. ch02,ch03")
     parser.add_argument("--unlock", default="", help="chapters whose reference stays (deadline passed)")
-    parser.add_argument("--out", type=Path, default=repo_root() / "build" / "student-edition")
+    parser.add_argument("--out", type=Path, default=repo_root() / "build" / "student-edition",
+                        help="the folder to write (new, empty, or an earlier edition)")
+    parser.add_argument("--force", action="store_true", help="replace --out even if it holds other files")
     args = parser.parse_args(argv)
-    out = build(args.out, parse_list(args.chapters), parse_list(args.unlock))
+    out = build(args.out, parse_list(args.chapters), parse_list(args.unlock), force=args.force)
     print(f"wrote the student edition to {out}")
     return 0
 
