@@ -91,7 +91,7 @@ config = model.config
 # `[B, T, vocab]` for every position.
 
 # %% nbgrader={"grade": false, "grade_id": "ch01_tour", "locked": true, "schema_version": 3, "solution": false}
-print(f"tiny Qwen3: {config.num_layers} layers, {config.num_heads} query heads sharing "
+print(f"tiny Qwen3: {config.num_layers} layers, {config.num_heads} query heads share "
       f"{config.num_kv_heads} KV heads, head_dim {config.head_dim}, "
       f"hidden {config.hidden_size}, vocab {config.vocab_size}")
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
@@ -131,6 +131,8 @@ print(f"logits of positions 0-3, computed from 4 tokens vs from 5: "
 for name in ("create", "reserve", "set_batch", "update", "free", "length"):
     method = getattr(KVCache, name)
     signature = str(inspect.signature(method)).replace("'", "")
+    if len(name + signature) > 88:              # update: its return type below
+        signature = signature.replace(" -> ", "\n        -> ")
     print(f"{name}{signature}\n    {inspect.getdoc(method).splitlines()[0]}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch01_protocol_md2", "locked": true, "schema_version": 3, "solution": false}
@@ -161,8 +163,8 @@ class TracedCache(ReferenceStaticCache):
     def update(self, layer, k, v, positions):
         keys, values, kv_lens = super().update(layer, k, v, positions)
         print(f"  update(layer={layer}, k {list(k.shape)}, "
-              f"positions {positions.tolist()}) "
-              f"-> keys {list(keys.shape)}, kv_lens {kv_lens.tolist()}")
+              f"positions {positions.tolist()})\n"
+              f"    -> keys {list(keys.shape)}, kv_lens {kv_lens.tolist()}")
         return keys, values, kv_lens
 
 
@@ -470,11 +472,11 @@ per_request = paged["slots_reserved"] / len(lengths) * per_token  # blocks in us
 print(f"Llama-2-13B fp16 weights: {weights / 1e9:.1f} GB of {gpu.memory_gb:.0f} GB; "
       f"{free / 1e9:.1f} GB left for the KV cache")
 print(f"{per_token:,} B per token -> a 1,024-token slot is "
-      f"{1024 * per_token / GiB:.2f} GiB; {slots} slots fit, "
+      f"{1024 * per_token / GiB:.2f} GiB;\n{slots} slots fit, "
       f"so at most {slots} requests at once")
 print(f"at {static['utilization']:.1%} utilization those {slots} slots hold "
       f"{slots * 1024 * static['utilization']:,.0f} tokens")
-print(f"stored in blocks of 16 ({paged['utilization']:.1%} utilization), "
+print(f"in blocks of 16 ({paged['utilization']:.1%} utilization), "
       f"the same bytes hold {free / per_request:.0f} requests of this workload")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch01_capacity_md2", "locked": true, "schema_version": 3, "solution": false}

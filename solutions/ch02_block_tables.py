@@ -93,9 +93,9 @@ per_token = {}
 for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b"):
     config = ModelConfig.from_json(CONFIGS / f"{name}.json")
     per_token[name] = config.kv_bytes_per_token(torch.float16)
-    print(f"{name:12s} {config.num_layers:3d} layers x "
+    print(f"{name:11s} {config.num_layers:3d} layers x "
           f"{config.num_kv_heads:2d} KV heads x {config.head_dim} dims: "
-          f"{per_token[name]:>9,} bytes = "
+          f"{per_token[name]:>9,} B = "
           f"{per_token[name] / KiB:.0f} KiB per token (fp16)")
 
 big = per_token["llama-3-70b"]
@@ -107,11 +107,11 @@ paged = blocks * block_size * big
 table_bytes = reserved_tokens // block_size * 4
 print(f"\ncontiguous: reserve {reserved_tokens} tokens = {reserved / GiB:.2f} GiB, "
       f"use {used_tokens} tokens = {used / MiB:.1f} MiB "
-      f"-> {1 - used / reserved:.1%} of the reservation is dead")
+      f"-> {1 - used / reserved:.1%} dead")
 print(f"paged:      {blocks} blocks of {block_size} = {blocks * block_size} slots = "
       f"{paged / MiB:.1f} MiB -> {blocks * block_size - used_tokens} empty slots, "
       f"{1 - used / paged:.1%} wasted")
-print(f"the block table for a full 4,096-token context: "
+print(f"block table of {reserved_tokens:,} tokens: "
       f"{reserved_tokens // block_size} entries x 4 bytes = "
       f"{table_bytes / KiB:.0f} KiB, guarding {reserved / GiB:.2f} GiB of K/V")
 
@@ -248,9 +248,9 @@ def show_table(length=37, block_size=8, seed=0):
     """Print and draw where each position of one sequence lives."""
     table = scrambled_table(length, block_size, seed)
     tail = len(table) * block_size - length
-    print(f"length {length}, block size {block_size}: table {table} "
-          f"({len(table)} blocks, {len(table) * block_size} slots, "
-          f"{tail} empty in the last block)")
+    print(f"length {length}, block size {block_size}: {len(table)} blocks, "
+          f"{len(table) * block_size} slots, {tail} empty in the last block")
+    print(f"table {table}")
     last = length - 1
     block, offset = reference_slots.physical_slot(table, last, block_size)
     flat = reference_slots.slot_index(table, last, block_size)
@@ -297,11 +297,12 @@ ch02.check_paged_utilization(paged_utilization)
 # places).
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_yours_util", "locked": true, "schema_version": 3, "solution": false}
+print(f"{len(lengths)} requests, paged utilization by block size:")
 for size in (8, 16, 32, 64, 128):
     engine_value = paged_figures(lengths, block_size=size)["utilization"]
     yours = paged_utilization(lengths, size)
     flag = "" if abs(yours - engine_value) < 5e-4 else "  <- differs"
-    print(f"32 requests in blocks of {size:3d}: your paged_utilization {yours:.3f}, "
+    print(f"blocks of {size:3d}: your paged_utilization {yours:.3f}, "
           f"the engine's PagedKVCache {engine_value:.3f}{flag}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_tradeoff_md", "locked": true, "schema_version": 3, "solution": false}
@@ -318,7 +319,7 @@ waste = [(b - 1) / 2 for b in sizes]
 entries = [reference_slots.blocks_needed(n, b) for b in sizes]
 for b, w, e in zip(sizes, waste, entries):
     print(f"block size {b:3d}: expected tail {w:5.1f} slots "
-          f"({w / n:5.1%} of a {n}-token sequence), table {e:2d} entries")
+          f"({w / n:5.1%} of {n} tokens), table {e:2d} entries")
 at = {b: i for i, b in enumerate(sizes)}
 print(f"16 -> 128: the table gets {entries[at[16]] / entries[at[128]]:.1f}x shorter, "
       f"the expected tail {waste[at[128]] / waste[at[16]]:.1f}x longer")

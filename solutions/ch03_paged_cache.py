@@ -78,9 +78,9 @@ print(f"{len(lengths)} requests, {sum(lengths):,} tokens")
 print(f"static slots of 1,024: {static['slots_reserved']:,} slots reserved, "
       f"utilization {static['utilization']:.1%}")
 print(f"blocks of 16:          {paged['slots_reserved']:,} slots reserved, "
-      f"utilization {paged['utilization']:.1%} "
-      f"({paged['slots_reserved'] - paged['tokens_stored']} empty slots, "
-      f"at most 15 per request)")
+      f"utilization {paged['utilization']:.1%}")
+print(f"                       ({paged['slots_reserved'] - paged['tokens_stored']} "
+      "empty slots, at most 15 per request)")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch03_idea_md", "locked": true, "schema_version": 3, "solution": false}
 # The static cache leaves most of what it reserves empty; the paged one wastes only the unused tail of
@@ -106,8 +106,8 @@ print(f"blocks of 16:          {paged['slots_reserved']:,} slots reserved, "
 # 3. **`update(layer, k, v, positions)`**, once per layer, inside the model: `write` scatters the new
 #    `k`, `v` `[B, Hkv, T, D]` to the slots of their positions (`positions` `[B, T]`, `-1` = padding)
 #    and returns `kv_lens`, the keys each row has after this step; `gather` reads each row's positions
-#    $0, \dots, \text{kv\_len}-1$ back, in order, so plain attention can run over them. The last layer's
-#    `write` commits the new lengths.
+#    $0, \dots, \ell - 1$ back ($\ell$ is the row's `kv_len`), in order, so plain attention can run
+#    over them. The last layer's `write` commits the new lengths.
 # 4. When a request ends, **`free(seq)`** gives its blocks back; **`truncate(seq, length)`** gives
 #    back only the blocks past a shorter length (speculative decoding rejects draft tokens that way).
 #
@@ -120,8 +120,8 @@ worked = ReferenceCache(model.config, 12, block_size=4, allocator=scrambled)
 worked.create(0)
 worked.reserve(0, 5)
 print(f"reserve(0, 5): table {worked.tables[0]}, length {worked.length(0)} "
-      f"(ceil(5 / 4) = {blocks_needed(5, 4)} blocks; the forward pass writes the "
-      "tokens)")
+      f"(ceil(5 / 4) = {blocks_needed(5, 4)} blocks;\n"
+      "  the forward pass writes the tokens)")
 cached_step(model, worked, [0], [seeded_tokens(5, seed=1)])
 print(f"after the prefill: length {worked.length(0)}; position 4 lives in block "
       f"{worked.tables[0][4 // 4]} at offset {4 % 4}")
@@ -209,9 +209,9 @@ YourReserve = PagedKVCache
 # Padding must never be written: as an index, `-1` is the pool's *last* slot, which belongs to
 # somebody. After the write, row $b$ holds
 #
-# $$ \text{kv\_len}_b = \max\left(L_b,\ 1 + \max_t\{\,p_{b,t} : p_{b,t} \ge 0\,\}\right) $$
+# $$ \ell_b = \max\left(L_b,\ 1 + \max_t\{\,p_{b,t} : p_{b,t} \ge 0\,\}\right) $$
 #
-# keys, $L_b$ its stored length (`self.batch_lengths[b]`). Every layer writes the same positions, so
+# keys (`kv_lens[b]`), $L_b$ its stored length (`self.batch_lengths[b]`). Every layer writes the same positions, so
 # only the last layer (`layer == len(self.k_pools) - 1`) commits: it sets `self.lengths[seq]` for each
 # sequence of the batch and `self.batch_lengths` to `kv_lens`. Commit earlier and the next layer starts
 # from the new length.
@@ -277,8 +277,8 @@ def show_pool(block_size=4, seed=0):
     worst = max(float((g - w).abs().max()) for g, w in zip(got, want))
     tables = [cache.tables[s] for s in range(len(prompts))]
     print(f"blocks of {block_size}: tables {tables}, "
-          f"{cache.slots_reserved - cache.tokens_stored} empty slots; "
-          f"max |Δ| vs from scratch {worst:.1e}")
+          f"{cache.slots_reserved - cache.tokens_stored} empty slots\n"
+          f"logits vs a from-scratch run: max |Δ| {worst:.1e}")
     figures.draw_pool(cache)
 
 
@@ -352,8 +352,8 @@ ch03.check_cache_matches_scratch(YourCache, block_size=3, seed=1)
 yours = ch03.utilization(YourCache, lengths, block_size=16)
 print(f"static slots of 1,024: utilization {static['utilization']:.3f}")
 print(f"your paged cache (16): utilization {yours['utilization']:.3f}, "
-      f"{yours['slots_reserved']:,} slots for {yours['tokens_stored']:,} tokens "
-      f"(the engine's: {paged['utilization']:.3f})")
+      f"{yours['slots_reserved']:,} slots for {yours['tokens_stored']:,} tokens")
+print(f"the engine's (16):     utilization {paged['utilization']:.3f}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch03_sweep_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 3.6 Choosing the block size

@@ -89,7 +89,7 @@ print(f"{samples} samples, prompt stored once:    {shared / MiB:.0f} MiB "
       f"({unshared / shared:.1f}x less, {(unshared - shared) / GiB:.2f} GiB saved)")
 diverge_slots = 10
 print(f"a beam diverging in a block that holds {diverge_slots} of its {bs} tokens "
-      f"copies the whole block: "
+      f"copies the whole block:\n  "
       f"{bs * per_token / MiB:.0f} MiB (its {diverge_slots} used slots are "
       f"{diverge_slots * per_token / MiB:.1f} MiB of it), however long the beam is")
 
@@ -242,7 +242,7 @@ def fork_walk(cache_class):
     print(f"summary: {counts['parent_blocks']} parent blocks, "
           f"{counts['new_blocks_after_forks']} new after forking, "
           f"{counts['new_blocks_after_each_fork_writes_a_token']} new after each fork "
-          f"writes a token ({counts['blocks_for_independent_copies']} for four "
+          f"writes a token\n  ({counts['blocks_for_independent_copies']} for four "
           "independent copies of the prompt)")
     return cache
 
@@ -302,9 +302,9 @@ steps = list(range(0, 101))
 with_sharing = [ch04.simulate_forks(L, n, g, b).blocks_in_use for g in steps]
 without = [n * blocks_needed(L + g, b) for g in steps]
 print(f"after 1 token: {with_sharing[1]} blocks shared vs {without[1]} unshared; "
-      f"after 100 tokens: {with_sharing[100]} vs {without[100]} "
-      f"(gap {without[100] - with_sharing[100]} blocks "
-      f"= {n - 1} extra copies of the prompt's {L // b} full blocks)")
+      f"after 100 tokens: {with_sharing[100]} vs {without[100]}")
+print(f"gap {without[100] - with_sharing[100]} blocks "
+      f"= {n - 1} extra copies of the prompt's {L // b} full blocks")
 figures.plot_blocks_in_use(steps, without, with_sharing, samples=n, prompt_len=L,
                            block_size=b)
 
@@ -339,7 +339,7 @@ def explore_fork(prompt_len=40, samples=4, generated=1, block_size=16):
     unshared = samples * blocks_needed(prompt_len + generated, block_size)
     print(f"prompt {prompt_len}, {samples} samples, {generated} token(s) each, "
           f"blocks of {block_size}: {sim.blocks_in_use} blocks in use vs {unshared} "
-          "without sharing")
+          "unshared")
     figures.draw_tables(sim, list(range(samples)), "orange = shared, blue = private")
 
 
@@ -388,14 +388,14 @@ sampling_cache = ReferenceCache(model.config, num_blocks=32, block_size=4)
 outputs, history = sample_n(sampling_cache, sampling_prompt, seeds=[0, 1, 2, 3],
                             steps=8)
 fresh = scratch_logits(model, [sampling_prompt + out for out in outputs])
+print("max |Δ| vs from scratch over all steps, and the tokens drawn:")
 for s, out in enumerate(outputs):
     diff = (torch.stack(history[s]) - fresh[s][len(sampling_prompt) - 1:]).abs().max()
-    print(f"sample {s} (seed {s}): {out}  max |Δ| vs from scratch over all steps "
-          f"{float(diff):.1e}")
+    print(f"sample {s} (seed {s}): {float(diff):.1e}  {out}")
 first = sampling_cache.tables[0][0]
-print(f"blocks in use: {sampling_cache.blocks_in_use} (4 unshared copies would need "
-      f"{4 * blocks_needed(len(sampling_prompt) + 8, 4)}); the prompt's first block "
-      f"{first} has refcount "
+print(f"blocks in use: {sampling_cache.blocks_in_use} "
+      f"({4 * blocks_needed(len(sampling_prompt) + 8, 4)} for 4 unshared copies); "
+      f"the prompt's first block {first} has refcount "
       f"{sampling_cache.allocator.refcount(first)}")
 
 # %% nbgrader={"grade": true, "grade_id": "ch04_test_parallel_sampling", "locked": true, "points": 3, "schema_version": 3, "solution": false}

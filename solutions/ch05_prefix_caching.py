@@ -88,8 +88,8 @@ print(f"{requests:,} live requests, each with its own copy: "
 partial = system - full_blocks * bs
 print(f"...with a prefix cache: {full_blocks} full blocks stored once, "
       f"{full_blocks * bs * per_token / MiB:.0f} MiB"
-      + (f", plus the {partial} tokens of the last partial block per request"
-         if partial else f" (the prompt fills whole blocks of {bs})"))
+      + (f",\n   plus the {partial} tokens of the last partial block per request"
+         if partial else f"\n   (the prompt fills whole blocks of {bs})"))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_demo_md", "locked": true, "schema_version": 3, "solution": false}
 # The same effect at the scale of our tiny model: a few requests, each a system prompt of a few full
@@ -117,9 +117,9 @@ print(f"blocks in use {demo['blocks_in_use']} vs {demo['blocks_without_sharing']
 
 # %% nbgrader={"grade": false, "grade_id": "ch05_growth", "locked": true, "schema_version": 3, "solution": false}
 growth = figures.sharing_growth(max_requests=16)
-print(f"the first request prefills {growth['prefilled'][0]} tokens into "
+print(f"the first request prefills {growth['prefilled'][0]} tokens in "
       f"{growth['blocks'][0]} blocks; each later one "
-      f"{growth['prefilled'][1] - growth['prefilled'][0]} tokens into "
+      f"{growth['prefilled'][1] - growth['prefilled'][0]} tokens in "
       f"{growth['blocks'][1] - growth['blocks'][0]} block")
 print(f"after 16 requests: {growth['prefilled'][-1]} tokens prefilled vs "
       f"{growth['prefilled_without'][-1]}, {growth['blocks'][-1]} blocks vs "

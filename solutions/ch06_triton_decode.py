@@ -363,10 +363,9 @@ walk_lengths = walk["kv_lens"].tolist()
 def explore_walk(seq=2, tile=0, block_n=8):
     """The slots program (seq, head) reads in one tile of the engine's kernel."""
     tiles = -(-walk_lengths[seq] // block_n)
-    if tile >= tiles:
+    if tile >= tiles:      # drawn all red: the tile the kernel never runs
         print(f"sequence {seq} has {walk_lengths[seq]} keys: {tiles} tile(s) of "
               f"{block_n}; tile {tile} is never visited")
-        return
     figures.draw_kernel_walk(walk["block_tables"], walk_lengths,
                              walk["k_pool"].shape[0], 4, seq, tile, block_n)
 

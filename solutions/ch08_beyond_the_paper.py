@@ -306,7 +306,7 @@ print(f"{requests} requests:")
 for run in runs:
     print(f"{run['kv']}: {run['blocks']:,} blocks of 16 in "
           f"{run['kv_budget_bytes'] / GiB:.2f} GiB; {run['concurrent_mean']:.1f} "
-          f"sequences running on average (peak {run['concurrent_peak']}); "
+          f"sequences running on average (peak {run['concurrent_peak']});\n      "
           f"{run['output_tokens_per_s']:,.0f} output tokens/s; "
           f"{run['preemptions']} preemptions")
 fp16_run, int8_run = runs
@@ -387,8 +387,7 @@ for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b", "qwen3-0.6b", "deepseek
     hf = load_hf(name)
     yours = [kv_bytes_per_token_hf(hf, b) for b in (2, 1)]
     engine_says = [kv_bytes_reference(hf, b) for b in (2, 1)]
-    print(f"{name:12s} bf16 {yours[0] / KiB:6.1f} KiB/token, "
-          f"8-bit {yours[1] / KiB:6.1f} "
+    print(f"{name:12s} bf16 {yours[0] / KiB:6.1f}, 8-bit {yours[1] / KiB:6.1f} "
           f"KiB/token; the engine's reference agrees: {yours == engine_says}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_tradeoff_md", "locked": true, "schema_version": 3, "solution": false}
