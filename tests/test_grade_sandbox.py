@@ -337,3 +337,67 @@ def test_a_worker_that_cannot_start_says_why(tmp_path):
         kernel.start()
     assert kernel.process is None, "the failed worker's process and pipes were left behind"
     assert "did not start" in str(raised.value) and "exits 3: python3: No module named engine" in str(raised.value)
+
+
+def run_in_bare_sandbox(tmp_path, code: str, hide=()) -> subprocess.CompletedProcess:
+    """`code` run by Python in the sandbox alone (no sealed worker, whose audit hook refuses subprocess,
+    fork and /proc to notebook code anyway): what the sandbox itself stops."""
+    box = sandbox.Sandbox(tmp_path / "work", hide=list(hide), limits=LIMITS)
+    try:
+        return subprocess.run(box([sys.executable, "-I", "-c", code], tmp_path), capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+    finally:
+        box.close()
+
+
+@pytest.mark.parametrize("attack", sorted(ROOT_ATTACKS))
+def test_the_sandbox_alone_stops_each_root_attack(tmp_path, attack):
+    sandbox_or_skip()
+    note = sandbox.limits_note()
+    if (attack == "leave_pids_cgroup" and "pids cgroup" in note) or (
+            attack == "memory_across_4_processes" and "memory cgroup" in note):
+        pytest.skip(f"not bounded on this machine: {note}")
+    course, submissions = tmp_path / "course", tmp_path / "submissions"
+    other = submissions / VICTIM / "ch98.ipynb"
+    for path in (other, course / "results" / "r.json", tmp_path / "solutions" / "s.py"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("another student's")
+    target = tmp_path / "escape.txt"
+    probe = Path("/run") / f"paged-kv-bare-probe-{os.getpid()}.sock"
+    where = dict(target=str(target), other=str(other), engine=str(REPO / "engine"), course=str(course),
+                 submissions=str(submissions), solutions=str(tmp_path / "solutions"), socket=str(probe),
+                 result=str(course / "results" / "r.json"), flags=str(course / "flags.json"),
+                 submitted=str(course / "submitted.ipynb"), gradebook=str(course / "gradebook.db"),
+                 processes=LIMITS.processes, memory_mb=LIMITS.memory_mb, disk_mb=LIMITS.disk_mb)
+    server, accepted = socket.socket(socket.AF_UNIX), []
+    probe.unlink(missing_ok=True)
+    server.bind(str(probe))
+    server.listen()
+    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
+    try:
+        run = run_in_bare_sandbox(tmp_path, ROOT_ATTACKS[attack].format(**where),
+                                  hide=[course, submissions, tmp_path / "solutions"])
+    finally:
+        server.close()
+        probe.unlink(missing_ok=True)
+    # (Here the other student's files lie under /tmp, so rewrite_other_result may write the sandbox's own
+    # fresh /tmp; what counts is that the real ones are untouched.)
+    assert run.returncode != 0 or attack == "rewrite_other_result", \
+        f"{attack} got through the sandbox:\n{run.stdout}{run.stderr}"
+    assert not target.exists() and not (REPO / "engine" / "sandbox-escape-probe.txt").exists()
+    assert not accepted, f"{attack} reached a socket under /run"
+    assert all(p.read_text() == "another student's" for p in (other, course / "results" / "r.json"))
+
+
+def test_the_worker_memory_cannot_be_read_by_a_process_it_starts(tmp_path):
+    sandbox_or_skip()
+    reader = ("import os, subprocess, sys\n"
+              "{mark}\n"
+              "child = subprocess.run([sys.executable, '-I', '-c', f'open(\"/proc/{{os.getpid()}}/mem\", \"rb\")'],"
+              " capture_output=True, text=True)\n"
+              "print('denied' if 'PermissionError' in child.stderr else 'read', child.returncode)\n")
+    sealed = run_in_bare_sandbox(tmp_path, reader.format(
+        mark="from engine.course.seal import not_dumpable; assert not_dumpable()"))
+    plain = run_in_bare_sandbox(tmp_path, reader.format(mark="pass"))
+    assert sealed.stdout.split()[0] == "denied", sealed.stdout + sealed.stderr
+    assert plain.stdout.split()[0] == "read", plain.stdout + plain.stderr    # the test can tell

@@ -484,9 +484,22 @@ def make_profile(critical: tuple, references: frozenset, libraries: tuple, audit
     return profile
 
 
+def not_dumpable() -> bool:
+    """Mark this process not dumpable (Linux prctl), before any learner code runs: no other process of
+    the same user (a child it starts included) may then read its memory through /proc/<pid>/mem or
+    ptrace, so the key cannot be read from outside. False where the system offers no prctl."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0 and libc.prctl(3, 0, 0, 0, 0) == 0   # SET / GET_DUMPABLE
+    except (OSError, AttributeError):
+        return False
+
+
 def main() -> None:
     """Serve one grading run: read the key and plan, then run cells as the grader asks."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader interrupts cells, never the worker itself
+    not_dumpable()
     command_fd, result_fd = int(sys.argv[1]), int(sys.argv[2])
     commands = os.fdopen(command_fd, "r", encoding="utf-8", closefd=True)
     results = os.fdopen(result_fd, "w", encoding="utf-8", closefd=True)
