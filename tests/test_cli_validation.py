@@ -341,3 +341,24 @@ def test_cached_step_checks_ids_before_reserving(model):
     with pytest.raises(MemoryError):                               # the second does not fit: the first gives back
         cached_step(model, cache, [0, 1], [[4, 5, 6], list(range(40))])
     assert cache_state(cache) == before
+
+
+# ---- the course commands --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module, args, words", [
+    ("engine.course.grade", ["--jobs", "0"], "argument --jobs: 0 is not a whole number from 1 to 256"),
+    ("engine.course.grade", ["--timeout", "nan"], "argument --timeout: nan is not a finite number > 0"),
+    ("engine.course.grade", ["/no/such/folder"], "/no/such/folder is not a folder of notebooks"),
+    ("engine.course.autograde", ["--jobs", "-3", "."], "argument --jobs: -3 is not a whole number from 1 to 256"),
+    ("engine.course.autograde", ["--timeout", "0", "."], "argument --timeout: 0 is not a whole number >= 1"),
+    ("engine.course.autograde", ["--sandbox", "maybe", "."], "argument --sandbox: invalid choice: 'maybe'"),
+    ("engine.course.edition", ["--chapters", "chapter2"], "no chapter 'chapter2' in solutions/"),
+    ("engine.course.edition", ["--chapters", ""], "name the chapters to hand out"),
+    ("engine.course.release", ["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_a_course_command_refuses_a_bad_value_in_one_line(module, args, words, tmp_path):
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert words in done.stderr, done.stderr

@@ -431,15 +431,18 @@ def main(argv: list[str] | None = None) -> int:
     one-line summary) when some submission could not be graded."""
     from .sandbox import Limits
     root = repo_root()
-    parser = argparse.ArgumentParser(prog="python -m engine.course.autograde", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from engine import cli_args
+    parser = cli_args.Parser(prog="python -m engine.course.autograde", description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("submissions", type=Path, help="folder of <student_id>/<chNN_topic>.ipynb")
     parser.add_argument("--course", type=Path, default=root / "course", help="nbgrader course directory")
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
-    parser.add_argument("--timeout", type=int, default=AUTOGRADE_CELL_TIMEOUT, help="seconds per cell")
-    parser.add_argument("--notebook-timeout", type=int, default=Limits.notebook_seconds,
+    parser.add_argument("--timeout", type=cli_args.positive_int, default=AUTOGRADE_CELL_TIMEOUT,
+                        help="seconds per cell (a whole number >= 1)")
+    parser.add_argument("--notebook-timeout", type=cli_args.positive_int, default=Limits.notebook_seconds,
                         help="seconds per notebook, all its cells together (default %(default)s)")
-    parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="submissions graded at once")
+    parser.add_argument("--jobs", type=cli_args.int_in(1, 256), default=DEFAULT_JOBS,
+                        help="submissions graded at once (1 to 256)")
     parser.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
                         help="bubblewrap sandbox per submission (auto: when it works here)")
     args = parser.parse_args(argv)

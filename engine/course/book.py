@@ -273,8 +273,9 @@ def save_executed(executed: dict[str, object], folder: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Execute the chapters and build the learner (or --instructor) edition of the book."""
     root = repo_root()
-    parser = argparse.ArgumentParser(prog="python -m engine.course.book", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from engine import cli_args
+    parser = cli_args.Parser(prog="python -m engine.course.book", description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instructor", action="store_true", help="show the solutions")
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
     parser.add_argument("--pdf", action="store_true", help="the learner edition as one PDF (Chromium prints "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -127,7 +128,8 @@ A check of an early exercise that runs the engine through a later exercise of th
 
 def parse_list(text: str | None) -> list[str]:
     """'ch02,ch03' or 'ch02 ch03' -> ['ch02', 'ch03'] (chNN ids or chNN_topic names)."""
-    return [part[:4] for part in (text or "").replace(",", " ").split() if part]
+    parts = (text or "").replace(",", " ").split()
+    return [part[:4] if re.match(r"ch\d\d(_|$)", part) else part for part in parts]
 
 
 def taught(chapter_path: Path) -> list[tuple[str, str]]:
@@ -223,7 +225,8 @@ def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None =
     every = {assignment_id(path): path for path in chapter_files(root / "solutions")}
     unknown = sorted(set(chapters + unlock) - set(every))
     if unknown:
-        raise SystemExit(f"no chapter {', '.join(unknown)} in solutions/ (have {', '.join(sorted(every))})")
+        raise SystemExit(f"--chapters/--unlock: no chapter {', '.join(map(repr, unknown))} in solutions/ "
+                         f"(have {', '.join(sorted(every))})")
     if not chapters:
         raise SystemExit("name the chapters to hand out: CHAPTERS=ch02,ch03")
     check_out(out, force)
@@ -261,15 +264,21 @@ def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.course.edition", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from engine import cli_args
+    parser = cli_args.Parser(prog="python -m engine.course.edition", description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chapters", required=True, help="chapters to hand out, e.g. ch02,ch03")
     parser.add_argument("--unlock", default="", help="chapters whose reference stays (deadline passed)")
     parser.add_argument("--out", type=Path, default=repo_root() / "build" / "student-edition",
                         help="the folder to write (new, empty, or an earlier edition)")
     parser.add_argument("--force", action="store_true", help="replace --out even if it holds other files")
     args = parser.parse_args(argv)
-    out = build(args.out, parse_list(args.chapters), parse_list(args.unlock), force=args.force)
+    try:
+        out = build(args.out, parse_list(args.chapters), parse_list(args.unlock), force=args.force)
+    except SystemExit as refusal:               # a refused value: one line, exit 2, like every command
+        if isinstance(refusal.code, str):
+            parser.error(refusal.code)
+        raise
     print(f"wrote the student edition to {out}")
     return 0
 

@@ -350,16 +350,18 @@ def format_table(grades: list[ChapterGrade], notes: list[str], width: int | None
 def main(argv: list[str] | None = None) -> int:
     """Grade DIR (default notebooks/) and print the table (or --json); exit 0 whatever the score."""
     root = repo_root()
-    parser = argparse.ArgumentParser(prog="python -m engine.course.grade", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from engine import cli_args
+    parser = cli_args.Parser(prog="python -m engine.course.grade", description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dir", nargs="?", type=Path, default=root / "notebooks",
                         help="folder of chNN_topic.ipynb notebooks (default: notebooks/)")
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
-    parser.add_argument("--timeout", type=float, default=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)),
-                        help=f"seconds per cell (default ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT_S})")
-    parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="chapters graded at once")
+    parser.add_argument("--timeout", type=cli_args.positive_float, default=os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S),
+                        help=f"seconds per cell, > 0 (default ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT_S})")
+    parser.add_argument("--jobs", type=cli_args.int_in(1, 256), default=DEFAULT_JOBS,
+                        help="chapters graded at once (1 to 256)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)            # (argparse checks a default from the environment too)
     started = time.monotonic()
     if not args.dir.is_dir():
         parser.error(f"{args.dir} is not a folder of notebooks")

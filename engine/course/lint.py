@@ -267,8 +267,9 @@ def executed_output_problems(paths: list[Path], folder: Path) -> tuple[list[str]
 
 def main(argv: list[str] | None = None) -> int:
     """Lint the given chapter files (default: all of solutions/); exit 1 if any rule is broken."""
-    parser = argparse.ArgumentParser(prog="python -m engine.course.lint", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from engine import cli_args
+    parser = cli_args.Parser(prog="python -m engine.course.lint", description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapters", nargs="*", type=Path, help="chapter sources (default: solutions/ch*.py)")
     parser.add_argument("--outputs", type=Path, default=repo_root() / "build" / "book" / "executed",
                         help="the chapters as make book executed them (default: build/book/executed)")

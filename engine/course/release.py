@@ -75,8 +75,9 @@ def normalized_json(notebook) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Regenerate notebooks/ from solutions/ (or --out DIR from the given chapter files)."""
     root = repo_root()
-    parser = argparse.ArgumentParser(prog="python -m engine.course.release", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from engine import cli_args
+    parser = cli_args.Parser(prog="python -m engine.course.release", description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapters", nargs="*", type=Path, help="chapter sources (default: solutions/ch*.py)")
     parser.add_argument("--out", type=Path, default=root / "notebooks", help="where the notebooks go")
     parser.add_argument("--work", type=Path, default=root / "build" / "release-course",
