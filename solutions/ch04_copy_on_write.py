@@ -317,9 +317,9 @@ figures.plot_blocks_in_use(steps, without, with_sharing, samples=n, prompt_len=L
 yours = [shared_blocks(L, n, g, b) for g in steps]
 wrong = [(g, yours[g], with_sharing[g]) for g in steps if yours[g] != with_sharing[g]]
 print(f"your shared_blocks agrees with the engine's cache at {len(steps) - len(wrong)} "
-      f"of {len(steps)} points"
-      + (f"; first disagreements (generated, yours, engine): {wrong[:3]}"
-         if wrong else ""))
+      f"of {len(steps)} points")
+for g, mine, engine_count in wrong[:3]:
+    print(f"  after {g} generated tokens: yours {mine}, the engine's {engine_count}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch04_explorer_md", "locked": true, "schema_version": 3, "solution": false}
 # ### A fork explorer
