@@ -60,14 +60,16 @@ def test_learner_edition_has_stubs_and_no_answers_hidden_tests_or_pairing(chapte
 
 @pytest.mark.parametrize("chapter", real_chapters(), ids=lambda p: p.stem)
 def test_exactly_the_cells_that_fail_on_a_stub_are_tagged_raises_exception(chapter):
-    """Run All goes on past a failing check: every graded test and every "With your code" cell (and no
-    other, so an error in a demo still stops the run) carries JupyterLab's `raises-exception` tag."""
+    """Run All goes on past a failing check: every graded test, every "With your code" cell and every
+    unanswered answer cell (and no other, so an error in a demo still stops the run) carries
+    JupyterLab's `raises-exception` tag."""
     learner = nbformat.read(NOTEBOOKS / f"{chapter.stem}.ipynb", as_version=4)
     tagged = [i for i, cell in enumerate(learner.cells) if cells.RAISES_TAG in cell.metadata.get("tags", [])]
     tests = [i for i, cell in enumerate(learner.cells) if cells.is_test(cell)]
     yours = cells.your_code_cells(learner.cells)
     assert tests and set(tests) <= set(tagged), f"{chapter.stem}: untagged tests {sorted(set(tests) - set(tagged))}"
-    assert tagged == sorted(set(tests) | set(yours))
+    answers = [i for i, cell in enumerate(learner.cells) if cells.raises_as_released(cell)]
+    assert tagged == sorted(set(tests) | set(yours) | set(answers))
     headings = sum(bool(cells.YOUR_CODE_HEADING.search(cell.source)) for cell in learner.cells
                    if cell.cell_type == "markdown")
     assert len(yours) == headings, f"{chapter.stem}: a **With your code** heading with no code cell after it"

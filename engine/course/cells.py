@@ -65,11 +65,22 @@ def your_code_cells(notebook_cells) -> list[int]:
     return found
 
 
+STUB_LINE = "raise NotImplementedError()"   # nbgrader's stub for a cleared solution
+
+
+def raises_as_released(cell) -> bool:
+    """A solution cell whose stub raises when the cell runs (a review answer, `r1_answer = None` then
+    the stub at the top level), not only when a function it defines is called."""
+    return is_solution(cell) and cell.get("cell_type") == "code" and any(
+        line.rstrip() == STUB_LINE for line in cell.source.splitlines())
+
+
 def fails_on_a_stub(notebook_cells) -> list[int]:
-    """Indices of the cells that stop with an error in an untouched learner edition: every graded test
-    and every "With your code" cell (what the release tags RAISES_TAG)."""
+    """Indices of the cells that stop with an error in an untouched learner edition: every graded test,
+    every "With your code" cell and every answer cell whose stub raises at its top level (what the
+    release tags RAISES_TAG)."""
     yours = set(your_code_cells(notebook_cells))
-    return [i for i, cell in enumerate(notebook_cells) if is_test(cell) or i in yours]
+    return [i for i, cell in enumerate(notebook_cells) if is_test(cell) or i in yours or raises_as_released(cell)]
 
 
 def shows_an_answer(notebook_cells) -> list[int]:
