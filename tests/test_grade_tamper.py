@@ -66,9 +66,10 @@ def test_tampering_and_probing_are_flagged_for_the_instructor(graded):
 
 def test_a_renamed_copy_typed_into_the_cell_is_flagged_by_meaning(graded):
     flags = " ".join(graded["flagged_renamed_reference"]["flags"])
-    assert "ch98_test_allocator: the reference's code, renamed or reformatted" in flags, flags
+    assert "ch98_test_allocator: typed in, the reference's code (copied, renamed or reformatted)" in flags, flags
     assert "BlockAllocator.allocate has the code of the reference's BlockAllocator.allocate" in flags
     assert "renamed or reformatted" not in " ".join(graded["honest_own_subclass"]["flags"])
+    assert "renamed or reformatted" not in " ".join(graded["own_imported"]["flags"])   # refused, not typed
 
 
 def test_code_made_at_run_time_is_not_the_learners_whatever_its_file_name(graded):

@@ -185,7 +185,8 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
             if verdict.get("own_work") or verdict.get("delegations"):
                 flags.append(f"{cells.grade_id(cell)}: not the learner's own code")
             if verdict.get("copied"):
-                flags.append(f"{cells.grade_id(cell)}: the reference's code, renamed or reformatted: "
+                flags.append(f"{cells.grade_id(cell)}: typed in, the reference's code (copied, renamed or "
+                             "reformatted): "
                              + "; ".join(verdict["copied"][:3]))
             if not run.usable:
                 kernel.restart()
@@ -356,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", nargs="?", type=Path, default=root / "notebooks",
                         help="folder of chNN_topic.ipynb notebooks (default: notebooks/)")
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
-    parser.add_argument("--timeout", type=cli_args.positive_float, default=os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S),
+    parser.add_argument("--timeout", type=cli_args.positive_float,
+                        default=os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S),
                         help=f"seconds per cell, > 0 (default ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT_S})")
     parser.add_argument("--jobs", type=cli_args.int_in(1, 256), default=DEFAULT_JOBS,
                         help="chapters graded at once (1 to 256)")

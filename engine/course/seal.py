@@ -632,7 +632,8 @@ def main() -> None:
                     why = _own_work(used, graded[used], namespace, libraries, written)
                     if why:
                         own.append(why)
-                    copied.extend(_same_as_reference(used, graded[used], namespace, reference_prints))
+                    else:                  # written in a cell: is it the reference's code by meaning?
+                        copied.extend(_same_as_reference(used, graded[used], namespace, reference_prints))
             state["delegations"].clear()
             state["tampered"].clear()
         filename = f"{TRUSTED_PREFIX if kind in ('trusted', 'test') else LEARNER_PREFIX}{name}>"
