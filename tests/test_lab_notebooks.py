@@ -272,7 +272,11 @@ def graded_tests(notebook) -> list[int]:
 def screenshot_first_check(page, notebook, file_name: str) -> None:
     """Scroll the notebook's first graded test cell into view and save the page under build/artifacts."""
     first_test = graded_tests(notebook)[0]
-    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(first_test).scroll_into_view_if_needed()
+    cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(first_test)
+    cell.scroll_into_view_if_needed()
+    cell.evaluate("el => el.scrollIntoView({block: 'center'})")   # the check and its output in view
+    cell.locator(".jp-InputArea").wait_for(state="visible", timeout=30_000)
+    page.wait_for_timeout(800)         # JupyterLab paints the cells it scrolled to a moment later
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / file_name))
 
