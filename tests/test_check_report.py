@@ -63,3 +63,26 @@ def test_other_errors_keep_ipythons_traceback(shell, capsys):
 def test_outside_ipython_a_check_still_raises_check_failed():
     with pytest.raises(CheckFailed, match="expected 5, got 4"):
         fail("num_free", 5, 4)
+
+
+def test_a_cell_that_runs_a_stub_says_which_in_one_line(shell, capsys):
+    ok, shown = run(shell, "def mine(x):\n    raise NotImplementedError()\n\nsorted([3, 1], key=mine)", capsys)
+    assert not ok
+    assert "✗ not written yet" in shown and "mine (Cell In[" in shown and "raised NotImplementedError" in shown
+    assert "Traceback" not in shown and "sorted" not in shown
+
+
+def test_an_engine_not_implemented_error_keeps_its_traceback(shell, capsys):
+    namespace = {}
+    exec(compile("def engine_side():\n    raise NotImplementedError('not in this engine')\n", "/engine/x.py", "exec"),
+         namespace)
+    shell.user_ns["engine_side"] = namespace["engine_side"]
+    ok, shown = run(shell, "engine_side()", capsys)
+    assert not ok and "Traceback" in shown and "not in this engine" in shown and "not written yet" not in shown
+
+
+def test_a_stub_behind_another_error_is_named_too(shell, capsys):
+    # Triton's interpreter raises InterpreterError from the kernel's NotImplementedError.
+    ok, shown = run(shell, "def kernel():\n    raise NotImplementedError()\n\ntry:\n    kernel()\n"
+                           "except NotImplementedError as e:\n    raise RuntimeError('wrapped') from e", capsys)
+    assert not ok and "✗ not written yet" in shown and "kernel (Cell In[" in shown and "Traceback" not in shown

@@ -356,17 +356,57 @@ def _wrapped(text: str, width: int = REPORT_WIDTH) -> list[str]:
             for part in textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False) or [""]]
 
 
+def _stub_error(error: BaseException) -> NotImplementedError | None:
+    """The NotImplementedError a stub raised, if `error` is one or was caused by one (Triton's
+    interpreter raises its own InterpreterError from the kernel's error)."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, NotImplementedError):
+            return error
+        error, seen = error.__cause__, seen + 1
+    return None
+
+
+def not_written_lines(error: BaseException, tb, cell_name: Callable[[str], str | None]) -> list[str] | None:
+    """What a cell shows when it ran a stub of the learner's (a "With your code" cell before its
+    exercise is written): one line naming the stub, not a traceback through the engine or Triton.
+    None when it is not that (an error of the engine's own, with a message: its traceback is kept)."""
+    stub = _stub_error(error)
+    if stub is None:
+        return None
+    if EDITION_ERROR is not None and isinstance(stub, EDITION_ERROR):
+        return [f"{_RED}{_BOLD}✗ not written yet{_RESET}"] + _wrapped(str(stub))
+    # A stub raises NotImplementedError() without a message, in a cell; one with a message raised by
+    # the engine's own code keeps its traceback.
+    frames = [(cell_name(f.filename), f) for f in traceback.extract_tb(tb)]
+    if stub is not error:
+        frames += [(cell_name(f.filename), f) for f in traceback.extract_tb(stub.__traceback__)]
+    cells_seen = [(cell, frame) for cell, frame in frames if cell]
+    if not cells_seen or (frames[-1][0] is None and str(stub)):
+        return None
+    cell, frame = cells_seen[-1]
+    where = f"the cell {cell}" if frame.name == "<module>" else f"{frame.name} ({cell}, line {frame.lineno})"
+    return [f"{_RED}{_BOLD}✗ not written yet{_RESET}"] + _wrapped(
+        f"{where} raised NotImplementedError: this cell runs code you write in an exercise above. Write "
+        "it, run its cell, then this one again.")
+
+
 def _show_check_failed(shell, etype, value, tb, tb_offset=None) -> list[str]:
-    """IPython's custom handler for CheckFailed: shows report_lines() instead of the traceback through
-    the checking code. The cell still ends in error (IPython records it; the kernel replies "error"),
-    so Run All, nbgrader's executor and grading see a failed test cell as before."""
+    """IPython's custom handler for CheckFailed (and a learner's NotImplementedError): shows
+    report_lines() instead of the traceback through the checking code. The cell still ends in error
+    (IPython records it; the kernel replies "error"), so Run All, nbgrader's executor and grading see
+    a failed test cell as before."""
     compiler = getattr(shell, "compile", None)
 
     def cell_name(filename: str) -> str | None:
         named = compiler.format_code_name(filename) if hasattr(compiler, "format_code_name") else None
         return f"{named[0]} {named[1]}" if named else None
 
-    stb = report_lines(value, cell_name)
+    if isinstance(value, CheckFailed):
+        stb = report_lines(value, cell_name)
+    else:
+        stb = not_written_lines(value, tb, cell_name) or shell.InteractiveTB.structured_traceback(
+            etype, value, tb, tb_offset=tb_offset)
     shell._showtraceback(etype, value, stb)
     return stb
 
@@ -377,7 +417,9 @@ def _install_report() -> None:
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
     if shell is not None and hasattr(shell, "set_custom_exc"):
-        shell.set_custom_exc((CheckFailed,), _show_check_failed)
+        # Every error comes here; those that are neither a failed check nor a stub's get IPython's own
+        # traceback, as without the handler.
+        shell.set_custom_exc((Exception,), _show_check_failed)
 
 
 _install_report()
