@@ -35,6 +35,7 @@ can touch, and engine.course.exercises flags submissions that use these tools, f
 from __future__ import annotations
 
 import builtins
+import enum
 import hmac
 import io
 import json
@@ -233,14 +234,13 @@ def snapshot(modules: dict) -> tuple:
                     entries.append((None, value, tuple(vars(value).items()), ()))
         else:   # the standard library's own classes (json.JSONEncoder, hmac.HMAC, ...): their methods
             for value in list(namespace.values()):
-                if isinstance(value, type) and value.__module__ == name and not isinstance(value, enum_type):
+                if isinstance(value, type) and value.__module__ == name and not isinstance(value, enum.EnumMeta):
                     methods = tuple((k, v) for k, v in vars(value).items() if _is_method(v))
                     entries.append((_METHODS, value, methods, ()))
     return tuple(module_ids), tuple(entries)
 
 
 _METHODS = "methods"          # a class entry that guards the methods only (the stdlib's classes)
-enum_type = type(re.RegexFlag)
 
 
 def _is_method(value) -> bool:
@@ -264,6 +264,22 @@ def _class_items_changed(cls, items) -> bool:
 _MISSING = object()
 
 
+def _put_back(cls, items, guarded) -> None:
+    """Give `cls` the recorded `items` again, dropping attributes added since that `guarded` covers."""
+    recorded = dict(items)
+    for k in [k for k, v in list(vars(cls).items()) if guarded(v) and k not in recorded]:
+        try:
+            delattr(cls, k)
+        except (AttributeError, TypeError):
+            pass
+    for k, v in items:
+        if vars(cls).get(k, _MISSING) is not v:
+            try:
+                setattr(cls, k, v)
+            except (AttributeError, TypeError):
+                pass
+
+
 def differences(record: tuple, modules: dict, libraries: tuple[str, ...], repair: bool) -> list[str]:
     """What differs from the record (put back when repair)."""
     module_ids, entries = record
@@ -278,35 +294,13 @@ def differences(record: tuple, modules: dict, libraries: tuple[str, ...], repair
             if _methods_changed(key, value):
                 found.append(f"{key.__module__}.{key.__qualname__}")
                 if repair:
-                    recorded = dict(value)
-                    for k in [k for k, v in list(vars(key).items()) if _is_method(v) and k not in recorded]:
-                        try:
-                            delattr(key, k)
-                        except (AttributeError, TypeError):
-                            pass
-                    for k, v in value:
-                        if vars(key).get(k, _MISSING) is not v:
-                            try:
-                                setattr(key, k, v)
-                            except (AttributeError, TypeError):
-                                pass
+                    _put_back(key, value, _is_method)
             continue
         if owner is None:  # a class: key is the class, value its items
             if _class_items_changed(key, value):
                 found.append(f"{key.__module__}.{key.__qualname__}")
                 if repair:
-                    current = vars(key)
-                    for k in [k for k in list(current) if k not in dict(value)]:
-                        try:
-                            delattr(key, k)
-                        except (AttributeError, TypeError):
-                            pass
-                    for k, v in value:
-                        if current.get(k, _MISSING) is not v:
-                            try:
-                                setattr(key, k, v)
-                            except (AttributeError, TypeError):
-                                pass
+                    _put_back(key, value, lambda v: True)
             continue
         current = owner.get(key, _MISSING)
         changed = current is not value
@@ -583,7 +577,6 @@ def main() -> None:
                      if isinstance(m, types.ModuleType) and (name in CRITICAL or name.startswith("engine.checks"))
                      for k, v in list(vars(m).items())
                      if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)))
-    profile = make_profile(critical, references, libraries, sys.audit)
     baseline_threads = len(sys._current_frames())
     main_module = types.ModuleType("__main__")  # the notebook's namespace, as in a kernel
     namespace = main_module.__dict__
@@ -724,8 +717,8 @@ def _reference_fingerprints(references: frozenset) -> dict:
 def _same_as_reference(name: str, spec: dict, namespace: dict, prints: dict) -> list[str]:
     """The graded functions of `name` whose code is a reference's, whatever names and layout it has."""
     value = namespace.get(name)
-    functions = [value] if not spec.get("methods") else [
-        vars(k)[m] for m in spec["methods"] for k in getattr(value, "__mro__", ())[:1] if m in vars(k)]
+    own = vars(value) if isinstance(value, type) else {}      # methods the class itself defines
+    functions = [value] if not spec.get("methods") else [own[m] for m in spec["methods"] if m in own]
     found = []
     for fn in functions:
         code = code_of(fn)
