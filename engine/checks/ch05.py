@@ -20,7 +20,8 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
 from engine.checks import (ATOL, CheckFailed, check, compare_logits, expect_equal, expect_raises, fail, passed,
-                           review_choice, review_number, served, tiny)
+                           review_choice, review_number, served, tiny,
+                           where_it_lives)
 from engine.demos.prefix import run as run_prefix_demo
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
@@ -78,6 +79,7 @@ def _engine_key(prefix, parent, tokens, extra) -> int:
     return prefix.hash_fn(parent, tuple(tokens), tuple(extra))
 
 
+@where_it_lives
 def combine(keys, attach, remember, evict):
     """One PrefixCache class from the four pieces (each a subclass of the engine's that defines only
     its own methods): the chapter's last check serves requests through it."""

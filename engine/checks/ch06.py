@@ -22,7 +22,7 @@ import textwrap
 import torch
 
 from engine.attention import triton_installed
-from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, one_thread
+from engine.checks import ATOL, check, compare_logits, expect_equal, fail, one_thread, passed, where_it_lives
 from engine.seeded import seeded_tokens
 
 NO_TRITON = ("Triton is not available on this platform (it ships Linux wheels only), so this kernel "
@@ -42,6 +42,7 @@ def _device() -> torch.device:
     return torch.device("cpu" if interpreted else "cuda")
 
 
+@where_it_lives
 def launch(fn, *args, **kwargs):
     """Call a launcher; a stub kernel's NotImplementedError comes back as itself.
 

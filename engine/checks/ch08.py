@@ -19,7 +19,7 @@ import torch
 import engine.checkpoint  # noqa: F401  (tiny() builds the model with it: imported before any cell)
 from engine.cache.prefix import PrefixCache
 from engine.checks import (CheckFailed, check, compare_logits, expect_equal, fail, passed, review_choice,
-                           review_number, tiny)
+                           review_number, tiny, where_it_lives)
 from engine.generate import cached_step, scratch_logits
 from engine.seeded import seeded_tokens
 
@@ -208,6 +208,7 @@ def _audit_write(before, pool, scales, blocks, offsets, rows, what: str) -> None
                   several_rows=True)
 
 
+@where_it_lives
 def _audited(cls):
     """A subclass of cls whose every quantize_into call is checked with _audit_write; the first failure
     is kept, as a message, in `audit_problem` (the write itself goes on as the learner's code did it)."""

@@ -55,13 +55,18 @@ def _unwritten():
     raise NotImplementedError()
 
 
+def notebook():
+    """The running notebook's names (the grader's judge points this at its copy of the learner's cells)."""
+    return getattr(sys.modules.get("__main__"), "__dict__", {})
+
+
 def yours(chapter, qualname, stub):
     """The learner's definition of `qualname` (a function, or Class.method) from the notebook.
 
     A chapter's exercise cells may each define a subclass holding only their own methods (and bind it
     to the same name), so a method is looked for in every class the notebook holds, the class under
     the method's own name first."""
-    namespace = getattr(sys.modules.get("__main__"), "__dict__", {})
+    namespace = notebook()
     owner, _, method = qualname.rpartition(".")
     if not owner:
         found = namespace.get(qualname)
@@ -122,7 +127,8 @@ Chapters in this edition: {chapters}.
 The engine in `engine/` is the course's engine with the parts you write left out: a function or method
 you are asked to write raises NotImplementedError until your notebook defines it, and then runs your code.
 A check of an early exercise that runs the engine through a later exercise of the same chapter prints
-`(not checked yet: ...)` for that part until you have written the later one: run the check again then.
+`(not checked yet: ...)` for that part until you have written the later one: run the check again then
+(`make grade` runs it again after your notebook's last cell).
 """
 
 
@@ -206,6 +212,53 @@ def _after_future_imports(tree: ast.Module) -> int:
     return index
 
 
+def write_engine(out: Path, root: Path, every: dict[str, Path], unlock: list[str]) -> None:
+    """out/engine: the engine with the taught bodies of every chapter not in `unlock` stubbed."""
+    shutil.copytree(root / "engine", out / "engine",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
+    (out / "engine" / "_edition.py").write_text(STUB_MODULE)
+    per_file: dict[str, dict[str, str]] = {}
+    for chapter_id, path in every.items():
+        if chapter_id in unlock:
+            continue
+        for engine_file, qualname in taught(path):
+            per_file.setdefault(engine_file, {})[qualname] = chapter_name(path)
+    for engine_file, qualnames in per_file.items():
+        stub_file(out / engine_file, qualnames)
+
+
+def host_engine(chapter_path: Path, root: Path | None = None) -> Path | None:
+    """The folder whose engine the grader's host (the process running a learner's cells) imports for
+    this chapter: the chapters before it whole, this chapter's and later ones' taught bodies stubbed, so
+    learner code finds no reference of what it is graded on. Built once per engine and chapter version
+    (under build/host-engines); None where the repository has no solutions/ (a student edition, whose
+    engine is stubbed already)."""
+    import hashlib
+    import tempfile
+    root = root or repo_root()
+    if not (root / "solutions").is_dir():
+        return None
+    every = {assignment_id(path): path for path in chapter_files(root / "solutions")}
+    chapter = assignment_id(chapter_path)
+    digest = hashlib.sha256(chapter.encode())
+    for path in sorted([*(root / "engine").rglob("*.py"), *every.values()]):
+        if "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    home = root / "build" / "host-engines" / f"{chapter}-{digest.hexdigest()[:16]}"
+    if (home / "engine" / "_edition.py").is_file():
+        return home
+    home.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=home.parent, prefix=f"{home.name}.partial-"))
+    write_engine(partial, root, every, [c for c in every if c < chapter])
+    import compileall
+    compileall.compile_dir(str(partial), quiet=1)   # the sandbox cannot write bytecode next to it
+    try:
+        partial.rename(home)
+    except OSError:                    # another grading job built it first
+        shutil.rmtree(partial, ignore_errors=True)
+    return home
+
+
 MARK = ".student-edition"      # in every folder build() writes: the one kind it may replace
 
 
@@ -233,20 +286,10 @@ def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None =
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     (out / MARK).write_text("written by python -m engine.course.edition; it may replace this folder\n")
-    shutil.copytree(root / "engine", out / "engine",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
+    write_engine(out, root, every, unlock)
     for name in ("pyproject.toml", "requirements.txt", "constraints.txt"):
         if (root / name).is_file():
             shutil.copyfile(root / name, out / name)
-    (out / "engine" / "_edition.py").write_text(STUB_MODULE)
-    per_file: dict[str, dict[str, str]] = {}
-    for chapter_id, path in every.items():
-        if chapter_id in unlock:
-            continue
-        for engine_file, qualname in taught(path):
-            per_file.setdefault(engine_file, {})[qualname] = chapter_name(path)
-    for engine_file, qualnames in per_file.items():
-        stub_file(out / engine_file, qualnames)
     keep = set(chapters) | set(unlock)
     for checks in (out / "engine" / "checks").glob("ch[0-9][0-9]*.py"):
         if checks.stem[:4] not in keep:

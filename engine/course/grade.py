@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -31,6 +32,8 @@ DEFAULT_TIMEOUT_S = 60
 DEFAULT_JOBS = 2
 TABLE_WIDTH = 120          # the table's width when the terminal's is unknown (a pipe, a file)
 MIN_MESSAGE_WIDTH = 48     # the message column never wraps narrower than this
+
+CHAPTER_ID = re.compile(r"ch\d\d_")     # a chapter's file name (the host runs its edition's engine)
 
 
 @dataclass
@@ -170,33 +173,35 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
     latest_failure = ""
     flags: list[str] = []
     environ = env if env is not None else offline_cpu_environ({"COURSE_EXPLORERS": "static", "MPLBACKEND": "Agg"})
-    with SealedKernel(plan.for_worker(), cwd=cwd, env=environ, wrap=wrap) as kernel:
+    from .sealed.judge import needed_cells
+    worker_plan = dict(plan.for_worker(), judge_cells=sorted(needed_cells(
+        [(cell_kind(c), cells.grade_id(c), c.source) for c in to_run if c.cell_type == "code"])))
+    from .edition import host_engine
+    home = host_engine(chapter_path) if CHAPTER_ID.match(Path(chapter_path).name) else None
+    with SealedKernel(worker_plan, cwd=cwd, env=environ, wrap=wrap, host_home=home and str(home)) as kernel:
         for index, cell in enumerate(to_run):
             if cell.cell_type != "code":
                 continue
             kind = cell_kind(cell)
             run = kernel.run_cell(cell.source, kind, cells.grade_id(cell), timeout)
             cell.outputs = run.outputs
-            verdict = getattr(run, "verdict", {}) or {}
-            for note in verdict.get("notes", []):
-                flags.append(f"{cells.grade_id(cell)}: tampering {note}")
-            if verdict.get("tampered"):
-                flags.append(f"{cells.grade_id(cell)}: changed during the test: {', '.join(verdict['tampered'][:4])}")
-            if verdict.get("own_work") or verdict.get("delegations"):
-                flags.append(f"{cells.grade_id(cell)}: not the learner's own code")
-            if verdict.get("copied"):
-                flags.append(f"{cells.grade_id(cell)}: typed in, the reference's code (copied, renamed or "
-                             "reformatted): "
-                             + "; ".join(verdict["copied"][:3]))
+            _flag(flags, cell, run)
             if not run.usable:
-                kernel.restart()
-                for earlier in ran_cleanly:
-                    kernel.run_cell(earlier.source, cell_kind(earlier), cells.grade_id(earlier), timeout)
+                _restart(kernel, ran_cleanly, timeout)
             if run.status == "ok" and kind != "test":
                 ran_cleanly.append(cell)
             if cells.is_solution(cell):
                 latest_failure = "" if run.status == "ok" else f"{cells.grade_id(cell)}: {first_failure(cell)}"
             failed_above[index] = latest_failure
+        # A check that could not serve a later exercise of the chapter yet (the notebook had not
+        # defined it) runs again once every cell has run: that run decides its points.
+        for cell in to_run:
+            if cell.cell_type == "code" and cell_kind(cell) == "test" and _not_checked_yet(cell):
+                run = kernel.run_cell(cell.source, "test", cells.grade_id(cell), timeout)
+                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=AGAIN)] + run.outputs
+                _flag(flags, cell, run)
+                if not run.usable:
+                    _restart(kernel, ran_cleanly, timeout)
         if kernel.refused:
             flags.append("refused: " + ", ".join(sorted(set(kernel.refused))))
         if kernel.tampered_channel:
@@ -208,6 +213,34 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
     if probing:
         flags.append("uses " + ", ".join(probing))
     return SealedRun(to_run, failed_above, flags, changes)
+
+
+AGAIN = "(run again after the last cell, with every exercise of the chapter written)\n"
+
+
+def _not_checked_yet(cell) -> bool:
+    return any("(not checked yet:" in str(o.get("text", "")) for o in cell.outputs if o.get("output_type") == "stream")
+
+
+def _flag(flags: list[str], cell, run) -> None:
+    """The instructor's flags from a test's verdict (tampering, own work, a typed-in reference)."""
+    verdict = getattr(run, "verdict", {}) or {}
+    for note in verdict.get("notes", []):
+        flags.append(f"{cells.grade_id(cell)}: tampering {note}")
+    if verdict.get("tampered"):
+        flags.append(f"{cells.grade_id(cell)}: changed during the test: {', '.join(verdict['tampered'][:4])}")
+    if verdict.get("own_work") or verdict.get("delegations"):
+        flags.append(f"{cells.grade_id(cell)}: not the learner's own code")
+    if verdict.get("copied"):
+        flags.append(f"{cells.grade_id(cell)}: typed in, the reference's code (copied, renamed or reformatted): "
+                     + "; ".join(verdict["copied"][:3]))
+
+
+def _restart(kernel, ran_cleanly: list, timeout: float) -> None:
+    """A fresh host and judge, with the cells that ran cleanly run again (later cells need them)."""
+    kernel.restart()
+    for earlier in ran_cleanly:
+        kernel.run_cell(earlier.source, cell_kind(earlier), cells.grade_id(earlier), timeout)
 
 
 def read_learner(notebook_path: Path) -> tuple[nbformat.NotebookNode, list[str]]:

@@ -131,10 +131,10 @@ def _error(ename: str, evalue: str) -> NotebookNode:
 ENGINE_HOME = str(Path(__file__).resolve().parents[2])
 
 
-def worker_argv(code: str) -> list[str]:
-    """The command line of a sealed worker running `code`: isolated Python, the grader's engine first."""
+def worker_argv(code: str, home: str = ENGINE_HOME) -> list[str]:
+    """The command line of a sealed worker running `code`: isolated Python, the engine of `home` first."""
     import sys
-    return [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {ENGINE_HOME!r}); {code}"]
+    return [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {home!r}); {code}"]
 
 
 class ChannelTampered(RuntimeError):
@@ -142,18 +142,21 @@ class ChannelTampered(RuntimeError):
 
 
 class SealedKernel:
-    """The sealed worker (engine.course.seal) as a kernel: cells in, signed results out.
+    """The host (engine.course.seal: the notebook's cells) and the judge (engine.course.sealed.judge:
+    the graded tests and the key) as one kernel: cells in, signed results out.
 
-    `plan` is engine.course.exercises.Plan.for_worker(); `wrap` (optional) turns the worker's command
-    line into a sandboxed one (engine.course.sandbox). Results are accepted only when signed with the key
-    this object sent on start and numbered in order, so nothing the notebook prints or writes can pass
-    for a verdict.
+    `plan` is engine.course.exercises.Plan.for_worker() (plus the chapter cells the judge runs itself);
+    `wrap` (optional) turns the host's command line into a sandboxed one (engine.course.sandbox);
+    `host_home` is the folder of the engine the host imports (engine.course.edition.host_engine).
+    Results are accepted only when signed with the key this object sent the judge and numbered in order.
     """
 
-    def __init__(self, plan: dict, cwd: Path, env: dict | None = None, wrap=None, startup_timeout: float = 180):
+    def __init__(self, plan: dict, cwd: Path, env: dict | None = None, wrap=None, startup_timeout: float = 180,
+                 host_home: str | None = None):
         self.plan, self.cwd, self.env, self.wrap = plan, Path(cwd), env, wrap
         self.startup_timeout = startup_timeout
-        self.process = None
+        self.process = self.host = None
+        self.host_home = host_home or ENGINE_HOME
         self.refused: list[str] = []     # what the worker refused learner code (for the instructor)
         self.tampered_channel = False
 
@@ -165,19 +168,33 @@ class SealedKernel:
         self.stop()
 
     def start(self) -> None:
+        """The host (the notebook's cells; in the sandbox when `wrap` is given) and the judge (the tests
+        and the key; never wrapped), joined by a socket; the judge's signed results come back here."""
         import os
         import secrets
-        import sys
+        import socket
+        import tempfile
         self.key = secrets.token_bytes(32)
+        judge_end, host_end = socket.socketpair()
+        host_argv = worker_argv("from engine.course.seal import main; main()", self.host_home) + [
+            str(host_end.fileno())]
+        if self.wrap is not None:
+            host_argv = self.wrap(host_argv, self.cwd, **(
+                {"readable": [Path(self.host_home)]} if self.host_home != ENGINE_HOME else {}))
+        self.host = subprocess.Popen(host_argv, cwd=str(self.cwd), env=self.env, pass_fds=(host_end.fileno(),),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        host_end.close()
         command_read, command_write = os.pipe()
         result_read, result_write = os.pipe()
-        argv = worker_argv("from engine.course.seal import main; main()") + [str(command_read),
-                                                                              str(result_write)]
-        if self.wrap is not None:
-            argv = self.wrap(argv, self.cwd)
-        self.process = subprocess.Popen(argv, cwd=str(self.cwd), env=self.env, pass_fds=(command_read, result_write),
+        self.judge_dir = tempfile.mkdtemp(prefix="paged-kv-judge-")
+        argv = worker_argv("from engine.course.sealed.judge import main; main()") + [
+            str(command_read), str(result_write), str(judge_end.fileno())]
+        self.process = subprocess.Popen(argv, cwd=self.judge_dir, env=self.env,
+                                        pass_fds=(command_read, result_write, judge_end.fileno()),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
+        judge_end.close()
         os.close(command_read)
         os.close(result_write)
         self.commands = os.fdopen(command_write, "w", encoding="utf-8")
@@ -191,7 +208,6 @@ class SealedKernel:
 
     def _why_no_start(self) -> str:
         """What starting Python the same way says, for the message (only run once the worker failed)."""
-        import sys
         argv = worker_argv("import engine.course.seal")
         try:
             probe = subprocess.run(self.wrap(argv, self.cwd) if self.wrap else argv, cwd=str(self.cwd),
@@ -204,6 +220,7 @@ class SealedKernel:
 
     def stop(self) -> None:
         import os
+        import shutil
         import signal
         if self.process is None:
             return
@@ -211,14 +228,17 @@ class SealedKernel:
             self.commands.close()
         except OSError:
             pass
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self.process.wait()
+        for process in (self.process, self.host):
+            if process is not None and process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if process is not None:
+                process.wait()
         os.close(self.results_fd)
-        self.process = None
+        shutil.rmtree(self.judge_dir, ignore_errors=True)
+        self.process = self.host = None
 
     def restart(self) -> None:
         self.stop()
@@ -274,7 +294,7 @@ class SealedKernel:
         message = self._receive(self.seq, time.monotonic() + timeout)
         if message is None and self.process.poll() is None:
             try:
-                os.killpg(self.process.pid, signal.SIGINT)
+                os.killpg(self.host.pid, signal.SIGINT)   # a learner cell stops; a test cannot: both restart
             except ProcessLookupError:
                 pass
             message = self._receive(self.seq, time.monotonic() + INTERRUPT_GRACE_S)
@@ -292,6 +312,10 @@ class SealedKernel:
         for output in outputs:
             if output.get("output_type") == "error":
                 output["traceback"] = list(output.get("traceback", []))
+        if message["status"] == "dead":   # the host ended during the cell: the judge stopped too
+            return CellRun("dead", [NotebookNode(o) for o in message["outputs"]] + [_error(
+                "DeadKernelError", "the process running the notebook ended during this cell (for example "
+                "os._exit or a crash); it was restarted")], usable=False)
         status = {"ok": "ok", "interrupted": "timeout"}.get(message["status"], "error")
         run = CellRun(status, outputs)
         run.verdict = message.get("verdict", {})

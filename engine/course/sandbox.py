@@ -304,7 +304,7 @@ class Sandbox:
     def expired_message(self) -> str:
         return f"the notebook ran past its {self.limits.notebook_seconds:g} s limit"
 
-    def __call__(self, argv: list[str], cwd: Path) -> list[str]:
+    def __call__(self, argv: list[str], cwd: Path, readable: list[Path] = ()) -> list[str]:
         mode, why = _mode()
         if not mode:
             raise RuntimeError(why)
@@ -316,6 +316,7 @@ class Sandbox:
         cpu = Path("/sys/devices/system/cpu")  # what torch reads to count cores (read-only, no secrets)
         if cpu.is_dir():
             binds.append(cpu)
+        binds += [Path(p).resolve() for p in readable]     # the host's engine (engine.course.edition)
         hide = [h for h in self.hide if any(h.is_relative_to(b) for b in binds)]
         return _command(mode, binds, hide, self.cgroups, HOME_INSIDE, _sandbox_env(self.env),
                         self.deadline - time.monotonic(), list(argv), self.limits.disk_mb, self.limits)

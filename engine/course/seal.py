@@ -1,36 +1,23 @@
-"""The sealed grading worker: a plain Python process that runs a notebook's cells and signs each verdict.
+"""The host: the process that runs a notebook's cells and holds the learner's objects for the judge.
 
-`make grade` and nbgrader's autograde (through engine.course.nbgrader_course.SealedExecute) both run a
-learner's notebook here, one cell at a time, instead of in an IPython kernel whose machinery (input
-transformers, `showtraceback`, ...) the notebook's own code could rewrite. What a learner's cells do to
-the course's code cannot raise their score:
+`make grade` and nbgrader's autograde (through engine.course.nbgrader_course.SealedExecute) run a
+learner's notebook in two processes (engine.course.kernel.SealedKernel). This one, the host, runs every
+cell (in the sandbox under autograde) and answers the requests of the judge (engine.course.sealed.judge),
+which runs the graded tests on the grader's own engine and signs their verdicts. The host holds no key;
+what it can do to a score is answer the checks' questions. It imports the chapter's host engine
+(engine.course.edition.host_engine), whose taught bodies are stubs.
 
-- **Pristine state.** Before any learner code runs, the worker imports the checks, the engine and what
-  the chapter's locked cells import, and records every module's functions, classes and constants
-  (functions down to their code, defaults and closures; the engine's classes down to their methods),
-  the builtins, the import table (`sys.modules`) and the interpreter's hooks. Before each graded test
-  the state is compared with that record and whatever was changed is put back (and reported); after the
-  test it is compared again, and a test during which the checks, torch or the builtins changed earns 0.
-  While a test runs, every return from learner code re-checks the checks, builtins and torch, so a patch
-  undone before the test ends is caught too.
-- **Test cells see the chapter's names.** Names a test cell reads that the chapter's locked cells bound
-  (`ch02`, `torch`, helpers) are bound again to the values those cells gave them before the test runs.
-- **No reaching into the grader.** An audit hook, installed first and impossible to remove, refuses what
-  learner code (and any library call it makes) could use to find or forge the grader's state: frame and
-  garbage-collector introspection, ctypes, tracing and profiling hooks, building code objects, reading
-  /proc/<pid>/mem, new audit hooks.
-- **Verdicts the notebook cannot write.** Results go to the grader on a private pipe, each line signed
-  with a key the grader sends on start (HMAC-SHA256, with a sequence number); a line without a valid
-  signature (learner code writing to the pipe) voids the run. A cell that exits the process, is killed
-  or never reports scores 0: a test passes only on a signed "ok".
+The host also keeps the watch the course had before the judge existed, now for the instructor's flags:
+
+- **Pristine state.** Before any learner code runs, the host imports the checks, the engine and what
+  the chapter's locked cells import, and records every module's functions, classes and constants. Before
+  each graded test what was changed is put back and reported; what changes during it is reported too.
+- **Refusals.** An audit hook, installed first, refuses what learner code could use to probe a grader:
+  frame and garbage-collector introspection, ctypes, tracing hooks, building code objects, /proc,
+  starting programs.
 - **Own work.** Before a test, each graded name it uses must be the learner's code: a function defined
-  in the notebook, or a class whose taught methods are (given methods inherited from the engine's
-  reference are fine). Calls from learner code into the engine's reference of a taught function or
-  into the checks' own helpers during a test are recorded, and that test earns 0.
-
-Limits: this is a Python process, so code written deliberately against this worker (hand-made bytecode
-files, native extensions) is out of its reach; sandboxing (engine.course.sandbox) bounds what such code
-can touch, and engine.course.exercises flags submissions that use these tools, for the instructor.
+  in the notebook, or a class whose taught methods are; calls from learner code into the engine's
+  reference or the checks' helpers during a test are recorded. Either makes the test earn 0.
 """
 from __future__ import annotations
 
@@ -491,15 +478,16 @@ def not_dumpable() -> bool:
 
 
 def main() -> None:
-    """Serve one grading run: read the key and plan, then run cells as the grader asks."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader interrupts cells, never the worker itself
+    """Host one notebook: read the plan from the judge, then run cells and answer its requests."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader interrupts cells, never the host itself
     not_dumpable()
-    command_fd, result_fd = int(sys.argv[1]), int(sys.argv[2])
-    commands = os.fdopen(command_fd, "r", encoding="utf-8", closefd=True)
-    results = os.fdopen(result_fd, "w", encoding="utf-8", closefd=True)
-    first = _loads(commands.readline())
-    key = bytes.fromhex(first.pop("key"))
-    plan = first
+    import socket
+    from engine.course.sealed.remote import Channel, RemoteGone
+    channel = Channel(socket.socket(fileno=int(sys.argv[1])), "L")
+    try:
+        plan = channel._receive()["plan"]
+    except (RemoteGone, KeyError, TypeError):
+        return
     libraries = _library_prefixes()
     state = {"events": [], "delegations": [], "tampered": []}
     guard = [False]
@@ -549,7 +537,9 @@ def main() -> None:
                 # A chapter cell's function does not vouch for its caller: learner code may call a
                 # chapter helper after rebinding the globals it reads. The walk goes on to the grader.
                 if kind == "learner":
-                    if event.startswith("marshal.") and not immediate:
+                    # Loading bytecode or setting a function's code: only learner code doing it
+                    # itself (the standard library's namedtuple sets its functions' defaults).
+                    if (event.startswith("marshal.") or event == "object.__setattr__") and not immediate:
                         return
                     state["events"].append(reason)
                     raise refusal(f"graded code may not {reason} (the grader refused {event})")
@@ -584,54 +574,18 @@ def main() -> None:
     sys.modules["__main__"] = main_module
     trusted_bindings: dict = {}
     written: dict = {}                  # id -> code object of everything compiled from a learner cell
-    reference_prints = _reference_fingerprints(references)
     graded = dict(plan.get("graded", {}))
     graded_by_cell = plan.get("graded_by_cell", {})
-    seq = 0
-
-    def send(message: dict, _dumps=_dumps, _sign=_sign) -> None:
-        body = _dumps(message)
-        results.write(body + "\t" + _sign(key, body) + "\n")
-        results.flush()
-
     worker_pid = os.getpid()
-    send({"seq": 0, "ready": True})
-    for line in commands:
-        seq += 1
-        job = _loads(line)
-        source, kind, name = job["source"], job["kind"], job.get("name") or f"cell{seq}"
-        is_test = kind == "test"
-        notes, own, copied = [], [], []
-        if kind == "learner":                 # a name defined again takes this cell's spec from here on
+    test: dict = {}                     # the test the judge is running now: what begin_test found
+
+    def run_cell(source: str, kind: str, name: str) -> dict:
+        """A learner's or a chapter's cell, in the notebook's namespace: its outputs and status."""
+        if kind == "learner":             # a name defined again takes this cell's spec from here on
             graded.update(graded_by_cell.get(name, {}))
-        if is_test:
-            repaired = differences(record, sys.modules, libraries, repair=True)
-            repaired += hooks_state(baseline_threads)
-            sys.settrace(None)
-            threading.settrace(None)  # type: ignore[arg-type]
-            if repaired:
-                notes.append("put back before this test: " + ", ".join(sorted(set(repaired))[:8]))
-            # What the chapter's cells bound is bound again, silently (a learner may reuse a name like
-            # `cache`), since a chapter helper reads its globals from this namespace; a change during
-            # the test is tampering.
-            own_names = _names_bound(source)
-            chapter_names = tuple((namespace, k, v) for k, v in trusted_bindings.items()
-                                  if k not in graded and k not in own_names)
-            for _, bound, value in chapter_names:
-                namespace[bound] = value
-            profile = make_profile(critical + chapter_names, references, libraries, sys.audit)
-            for used in sorted(_names_read(source)):
-                if used in graded:
-                    why = _own_work(used, graded[used], namespace, libraries, written)
-                    if why:
-                        own.append(why)
-                    else:                  # written in a cell: is it the reference's code by meaning?
-                        copied.extend(_same_as_reference(used, graded[used], namespace, reference_prints))
-            state["delegations"].clear()
-            state["tampered"].clear()
-        filename = f"{TRUSTED_PREFIX if kind in ('trusted', 'test') else LEARNER_PREFIX}{name}>"
+        filename = f"{TRUSTED_PREFIX if kind == 'trusted' else LEARNER_PREFIX}{name}>"
         out, err = _Capture(), _Capture()
-        outputs, status = [], "ok"
+        outputs, status, error = [], "ok", None
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = out, err
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -639,94 +593,113 @@ def main() -> None:
             code = compile(source, filename, "exec")
             if kind == "learner":
                 written.update((id(c), c) for c in every_code(code))
-            if is_test:
-                sys.setprofile(profile)
-            try:
-                exec(code, namespace)
-            finally:
-                if is_test:
-                    sys.setprofile(None)
+            exec(code, namespace)
         except KeyboardInterrupt as exc:
-            status = "interrupted"
-            outputs_error = _error_output(exc)
+            status, error = "interrupted", _error_output(exc)
         except BaseException as exc:  # SystemExit included: leaving early is a failed cell
-            status = "error"
-            outputs_error = _error_output(exc)
-        else:
-            outputs_error = None
+            status, error = "error", _error_output(exc)
         finally:
             if os.getpid() != worker_pid:
-                os._exit(0)  # a process the notebook forked, back in the grader's loop: it may not speak
+                os._exit(0)  # a process the notebook forked, back in the host's loop: it may not speak
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             sys.stdout, sys.stderr = saved
             _reap_children()
-        if out.text():
-            outputs.append({"output_type": "stream", "name": "stdout", "text": out.text()})
-        if err.text():
-            outputs.append({"output_type": "stream", "name": "stderr", "text": err.text()})
-        if outputs_error:
-            outputs.append(outputs_error)
+        for stream, capture in (("stdout", out), ("stderr", err)):
+            if capture.text():
+                outputs.append({"output_type": "stream", "name": stream, "text": capture.text()})
+        if error:
+            outputs.append(error)
         if "matplotlib.pyplot" in sys.modules:
             try:
                 sys.modules["matplotlib.pyplot"].close("all")
             except Exception:
                 pass
-        verdict = {}
-        if is_test:
-            after = differences(record, sys.modules, libraries, repair=True) + hooks_state(baseline_threads)
-            after += [f"the chapter's {k}" for _, k, v in chapter_names if namespace.get(k, _MISSING) is not v]
-            for _, k, v in chapter_names:
-                namespace[k] = v
-            tampered = sorted(set(after + state["tampered"]))
-            reasons = []
-            if own:
-                reasons.append("; ".join(own) + ": the exercise must be your own code")
-            if state["delegations"]:
-                reasons.append("the code under test called the engine's reference or the checks' own helpers "
-                               f"({', '.join(sorted(set(state['delegations']))[:3])}): the exercise must be your "
-                               "own code")
-            if tampered:
-                reasons.append("the code under test changed what the checks rely on ("
-                               + ", ".join(tampered[:6]) + "); a test only counts when the course's code runs "
-                               "as shipped")
-            if reasons and status == "ok":
-                status = "error"
-                outputs.append({"output_type": "error", "ename": "GradingRefused", "evalue": " ".join(reasons),
-                                "traceback": ["GradingRefused: " + " ".join(reasons)]})
-            verdict = {"own_work": own, "delegations": list(state["delegations"]), "tampered": tampered,
-                       "notes": notes, "copied": sorted(set(copied))}
-        elif kind == "trusted" and status == "ok":
+        if kind == "trusted" and status == "ok":
             for bound in _names_bound(source):
                 if bound in namespace:
                     trusted_bindings[bound] = namespace[bound]
+        return {"status": status, "outputs": outputs, "refused": _events()}
+
+    def _events() -> list:
         events = sorted(set(state["events"]))
         state["events"].clear()
-        send({"seq": seq, "status": status, "outputs": outputs, "verdict": verdict, "refused": events})
+        return events
 
+    def begin_test(source: str, names: list) -> dict:
+        """Before the judge runs a test: put back what learner code changed, bind the chapter's names
+        again, and look at the graded names it uses (own work, a copy of the reference)."""
+        notes, own = [], []
+        repaired = differences(record, sys.modules, libraries, repair=True)
+        repaired += hooks_state(baseline_threads)
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
+        if repaired:
+            notes.append("put back before this test: " + ", ".join(sorted(set(repaired))[:8]))
+        chapter_names = tuple((namespace, k, v) for k, v in trusted_bindings.items() if k not in graded)
+        for _, bound, value in chapter_names:
+            namespace[bound] = value
+        for used in names:
+            if used in graded:
+                why = _own_work(used, graded[used], namespace, libraries, written)
+                if why:
+                    own.append(why)
+        state["delegations"].clear()
+        state["tampered"].clear()
+        test.clear()
+        test.update(chapter_names=chapter_names, own=own)
+        sys.setprofile(make_profile(critical + chapter_names, references, libraries, sys.audit))
+        return {"notes": notes, "own_work": own}
 
-def _reference_fingerprints(references: frozenset) -> dict:
-    """{fingerprint: qualname} of the taught reference functions (long enough to compare)."""
-    prints = {}
-    for code in references:
-        mark = fingerprint(code)
-        if mark:
-            prints[mark] = code.co_qualname
-    return prints
+    def end_test() -> dict:
+        """After the test: what changed while it ran, and the reasons (if any) it must not count."""
+        sys.setprofile(None)
+        chapter_names = test.get("chapter_names", ())
+        after = differences(record, sys.modules, libraries, repair=True) + hooks_state(baseline_threads)
+        after += [f"the chapter's {k}" for _, k, v in chapter_names if namespace.get(k, _MISSING) is not v]
+        for _, k, v in chapter_names:
+            namespace[k] = v
+        tampered = sorted(set(after + state["tampered"]))
+        reasons = []
+        if test.get("own"):
+            reasons.append("; ".join(test["own"]) + ": the exercise must be your own code")
+        if state["delegations"]:
+            reasons.append("the code under test called the engine's reference or the checks' own helpers "
+                           f"({', '.join(sorted(set(state['delegations']))[:3])}): the exercise must be your "
+                           "own code")
+        if tampered:
+            reasons.append("the code under test changed what the checks rely on ("
+                           + ", ".join(tampered[:6]) + "); a test only counts when the course's code runs "
+                           "as shipped")
+        return {"delegations": sorted(set(state["delegations"])), "tampered": tampered, "reasons": reasons,
+                "refused": _events()}
 
+    def serve(op, target, args, kwargs):
+        if op == "cell":
+            return run_cell(*args)
+        if op == "lookup":
+            return {n: namespace[n] for n in args[0] if n in namespace}
+        if op == "begin_test":
+            return begin_test(*args)
+        if op == "end_test":
+            return end_test()
+        if op == "call_engine":          # a check's helper that must run where the learner's class is
+            module_name, qualname, *rest = args
+            if not (module_name == "engine" or module_name.startswith("engine.")):
+                raise PermissionError(f"{module_name} is not the engine's")
+            target = __import__(module_name, fromlist=["_"])
+            for part in qualname.split("."):
+                target = getattr(target, part)
+            return target(*rest, **kwargs)
+        raise ValueError(f"unknown operation {op!r}")
 
-def _same_as_reference(name: str, spec: dict, namespace: dict, prints: dict) -> list[str]:
-    """The graded functions of `name` whose code is a reference's, whatever names and layout it has."""
-    value = namespace.get(name)
-    own = vars(value) if isinstance(value, type) else {}      # methods the class itself defines
-    functions = [value] if not spec.get("methods") else [own[m] for m in spec["methods"] if m in own]
-    found = []
-    for fn in functions:
-        code = code_of(fn)
-        mark = fingerprint(code) if code is not None else None
-        if mark in prints:
-            found.append(f"{name}{'.' + code.co_name if spec.get('methods') else ''} has the code of "
-                         f"the reference's {prints[mark]}")
-    return found
+    channel.serve = serve
+    channel._send({"ready": True})
+    while True:
+        try:
+            message = channel._receive()
+        except RemoteGone:
+            return
+        channel.answer(message)
 
 
 def _reap_children() -> None:
@@ -750,7 +723,9 @@ def _install_references(references: list, helpers: list) -> frozenset:
             for part in qualname.split("."):
                 target = getattr(target, part)
             target = getattr(target, "__func__", target)
-            if isinstance(target, types.FunctionType):
+            # An edition stub (engine.course.edition: it calls the learner's own definition) is not
+            # the reference: calling it runs the learner's code.
+            if isinstance(target, types.FunctionType) and "_edition" not in target.__code__.co_names:
                 codes.add(target.__code__)
         except Exception:
             pass

@@ -1,0 +1,166 @@
+"""The judge and the host (engine.course.sealed): tests run where learner code cannot reach.
+
+The channel between them carries data only; the judge's objects show the host public attributes only;
+an object of the host compares equal only by its contents; writes into tensors reach their owner; and
+the host imports an engine without this chapter's reference.
+"""
+import socket
+import threading
+
+import pytest
+import torch
+
+from engine.course.sealed.judge import _engine_object, guard, needed_cells
+from engine.course.sealed.remote import Channel, Remote
+
+
+class Cache:
+    """A stand-in for a learner's object in the host."""
+
+    def __init__(self):
+        self.pools = [torch.zeros(4), torch.zeros(2)]
+        self.running = []
+
+    def write(self, out: torch.Tensor) -> None:
+        out.view(-1).numpy()[:] = 3.0        # through the pointer, as a kernel writes: no version bump
+
+    def draw(self, generator: torch.Generator) -> int:
+        return int(torch.randint(0, 1000, (1,), generator=generator))
+
+    def __eq__(self, other):                 # says yes to everything
+        return True
+
+
+@pytest.fixture()
+def pair():
+    judge_end, host_end = socket.socketpair()
+    judge, host = Channel(judge_end, "T"), Channel(host_end, "L")
+    judge.guard, judge.screen = guard, _engine_object
+    objects = {"cache": Cache(), "answer": [1, 2, (3, "x")]}
+    host.serve = lambda op, target, args, kwargs: objects if op == "lookup" else None
+
+    def serve():
+        try:
+            while True:
+                host.answer(host._receive())
+        except Exception:
+            return
+    threading.Thread(target=serve, daemon=True).start()
+    yield judge, host, objects
+    judge_end.close()
+    host_end.close()
+
+
+def test_data_crosses_as_data_and_objects_as_remotes(pair):
+    judge, _, objects = pair
+    found = judge.request("lookup", None)
+    assert found["answer"] == [1, 2, (3, "x")] and type(found["answer"]) is list
+    assert type(found["cache"]) is Remote
+
+
+def test_a_remote_never_asks_the_other_sides_eq(pair):
+    judge, _, _ = pair
+    cache = judge.request("lookup", None)["cache"]
+    assert cache == cache
+    assert not (cache == 5) and cache != [1]     # the learner's __eq__ says yes; the judge does not ask it
+
+
+def test_lists_an_attribute_holds_are_live_and_tensor_writes_go_back(pair):
+    judge, _, objects = pair
+    cache = judge.request("lookup", None)["cache"]
+    cache.running.append(7)
+    assert objects["cache"].running == [7] and cache.running == [7]
+    for pool in list(cache.pools):
+        pool.fill_(5.0)
+    len(cache.pools)                               # the next request sends the writes first
+    assert [p.tolist() for p in objects["cache"].pools] == [[5.0] * 4, [5.0] * 2]
+
+
+def test_a_kernel_style_write_into_an_argument_reaches_the_caller(pair):
+    judge, _, _ = pair
+    cache = judge.request("lookup", None)["cache"]
+    out = torch.zeros(2, 3)
+    cache.write(out[1])
+    assert out.tolist() == [[0.0] * 3, [3.0] * 3]
+
+
+def test_a_generator_drawn_from_on_the_other_side_moves_on_here(pair):
+    judge, _, _ = pair
+    cache = judge.request("lookup", None)["cache"]
+    mine, twin = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    first = cache.draw(mine)
+    assert first == int(torch.randint(0, 1000, (1,), generator=twin))
+    assert cache.draw(mine) == int(torch.randint(0, 1000, (1,), generator=twin))
+
+
+def test_the_judge_shows_only_public_attributes_of_engine_objects():
+    from engine.cache.allocator import BlockAllocator
+    allocator = BlockAllocator(4)
+    for name in ("__class__", "__dict__", "__init__", "__globals__"):
+        with pytest.raises(PermissionError):
+            guard("getattr", allocator, [name])
+    guard("getattr", allocator, ["allocate"])
+    guard("getattr", allocator, ["__name__"])
+    with pytest.raises(PermissionError):
+        guard("call", None, [])
+    assert _engine_object(allocator) and _engine_object(allocator.allocate)
+    for value in (torch, open, eval, print, object(), torch.save, type):
+        assert not _engine_object(value), value
+
+
+def test_the_judge_runs_the_setup_cells_its_tests_read():
+    cells = [("trusted", "imports", "from engine.checks import ch02\nimport torch"),
+             ("trusted", "demo", "plot = 1"),
+             ("trusted", "model", "model = torch.zeros(1)"),
+             ("learner", "answer", "def f(): return 1"),
+             ("test", "t1", "ch02.check_x(f, model)")]
+    assert needed_cells(cells) == {"imports", "model"}
+
+
+def test_the_hosts_engine_has_no_reference_of_the_chapter(tmp_path):
+    import subprocess
+    import sys
+
+    from engine.course.edition import host_engine
+    from engine.course.paths import repo_root
+    home = host_engine(repo_root() / "solutions" / "ch02_block_tables.py")
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import engine, engine.cache.slots as s, "
+             "engine.config as c; print(engine.__file__); print(c.__file__)\n"
+             "try:\n    s.physical_slot([1], 0, 4)\nexcept NotImplementedError as e:\n    print('stub:', e)")
+    out = subprocess.run([sys.executable, "-I", "-c", probe, str(home)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120).stdout
+    assert str(home) in out.splitlines()[0] and "stub: physical_slot is yours to write in ch02" in out, out
+
+
+def test_the_host_may_set_data_on_a_judges_object_but_never_its_methods():
+    from engine.cache.allocator import BlockAllocator
+    from engine.serve.request import Sequence
+    allocator = BlockAllocator(4)
+    for name in ("allocate", "num_free", "_free"):
+        with pytest.raises(PermissionError):
+            guard("setattr", allocator, [name, None])
+    guard("setattr", allocator, ["note", 1])
+    guard("setattr", object.__new__(Sequence), ["status", 1])      # a dataclass field: data
+    with pytest.raises(PermissionError):
+        guard("write_into", allocator, ["getattr", "__dict__", None])
+
+
+def test_an_exception_named_by_the_host_cannot_stop_the_judge(pair):
+    judge, _, _ = pair
+    for name in (("builtins", "SystemExit"), ("builtins", "KeyboardInterrupt"),
+                 ("engine.course.sealed.remote", "RemoteGone")):
+        error = judge.decode({"~": "error", "c": list(name), "args": [], "message": "stop",
+                              "mro": [list(name), ["builtins", "BaseException"]]})
+        assert type(error).__name__ == "RemoteError" and str(error) == "stop"
+    error = judge.decode({"~": "error", "c": ["engine.cache.errors", "OutOfBlocks"], "args": [],
+                          "attrs": {"wanted": 3, "free": 2}, "message": "out",
+                          "mro": [["engine.cache.errors", "OutOfBlocks"], ["builtins", "Exception"]]})
+    assert type(error).__name__ == "OutOfBlocks" and (error.wanted, error.free) == (3, 2)
+
+
+def test_methods_inherited_from_torch_are_not_handed_out():
+    from engine.checks import tiny
+    model = tiny()
+    assert _engine_object(model) and _engine_object(model.forward)
+    for method in (model.register_forward_hook, model.load_state_dict, model.to, model.parameters):
+        assert not _engine_object(method), method
