@@ -113,4 +113,4 @@ lock:
 	  /tmp/pkv-lock/bin/pip freeze | grep -v -i -E "^(torch|triton)=="; } > constraints.txt
 
 clean:
-	rm -rf book/_build .pytest_cache
+	rm -rf book/_build .pytest_cache build/host-engines

@@ -327,7 +327,6 @@ class Channel:
             except Exception:
                 pass
         error._course_where = data.get("where")
-        error._course_remote = True
         error._course_edition = ["engine._edition", "NotWrittenYet"] in data.get("mro", [])
         return error
 
@@ -499,8 +498,6 @@ class Channel:
             return hash(target)
         if op == "dir":
             return [str(n) for n in dir(target)]
-        if op == "mro":
-            return list(target.__mro__) if isinstance(target, type) else None
         if self.serve is not None:
             return self.serve(op, target, args, kwargs)
         raise ValueError(f"unknown operation {op!r}")
@@ -635,10 +632,6 @@ class Remote:
     def __name__(self):
         return self._info.get("name") or self._ask("getattr", "__name__")
 
-    @property
-    def __bases__(self):
-        return tuple(c for c in (self._ask("mro") or [])[1:2])
-
     # A remote list or dict in arithmetic and ordering: its contents, as data.
     def __add__(self, other):
         return Remote.plain_copy(self) + _contents(other)
@@ -705,11 +698,3 @@ class _RemoteIterator:
 
     def __next__(self):
         return self.remote._ask("next")
-
-
-def remote_type_name(value) -> str:
-    """The type name of a value, the remote object's own for a Remote (for messages)."""
-    if isinstance(value, Remote) or type(value) is Remote:
-        info = object.__getattribute__(value, "_info")
-        return str((info.get("type") or ["", "object"])[1]).rsplit(".", 1)[-1]
-    return type(value).__name__
