@@ -23,16 +23,19 @@ from __future__ import annotations
 
 import argparse
 import ast
+import compileall
+import hashlib
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import jupytext
 
 from . import cells
 from .include import parse_directive
-from .paths import assignment_id, chapter_files, chapter_name, repo_root
+from .paths import CHAPTER_PATTERN, assignment_id, chapter_files, chapter_name, repo_root
 from .release import release
 
 STUB_MODULE = '''"""Stubs of the student edition: a taught body calls the learner's own definition from the notebook.
@@ -231,12 +234,10 @@ def host_engine(chapter_path: Path, root: Path | None = None) -> Path | None:
     """The folder whose engine the grader's host (the process running a learner's cells) imports for
     this chapter: the chapters before it whole, this chapter's and later ones' taught bodies stubbed, so
     learner code finds no reference of what it is graded on. Built once per engine and chapter version
-    (under build/host-engines); None where the repository has no solutions/ (a student edition, whose
-    engine is stubbed already)."""
-    import hashlib
-    import tempfile
+    (under build/host-engines); None for a file that is not a chapter's, or where the repository has no
+    solutions/ (a student edition, whose engine is stubbed already)."""
     root = root or repo_root()
-    if not (root / "solutions").is_dir():
+    if not (root / "solutions").is_dir() or not CHAPTER_PATTERN.match(Path(chapter_path).stem):
         return None
     every = {assignment_id(path): path for path in chapter_files(root / "solutions")}
     chapter = assignment_id(chapter_path)
@@ -250,7 +251,6 @@ def host_engine(chapter_path: Path, root: Path | None = None) -> Path | None:
     home.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=home.parent, prefix=f"{home.name}.partial-"))
     write_engine(partial, root, every, [c for c in every if c < chapter])
-    import compileall
     compileall.compile_dir(str(partial), quiet=1)   # the sandbox cannot write bytecode next to it
     try:
         partial.rename(home)

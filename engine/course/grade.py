@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import textwrap
@@ -32,8 +31,6 @@ DEFAULT_TIMEOUT_S = 60
 DEFAULT_JOBS = 2
 TABLE_WIDTH = 120          # the table's width when the terminal's is unknown (a pipe, a file)
 MIN_MESSAGE_WIDTH = 48     # the message column never wraps narrower than this
-
-CHAPTER_ID = re.compile(r"ch\d\d_")     # a chapter's file name (the host runs its edition's engine)
 
 
 @dataclass
@@ -177,7 +174,7 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
     worker_plan = dict(plan.for_worker(), judge_cells=sorted(needed_cells(
         [(cell_kind(c), cells.grade_id(c), c.source) for c in to_run if c.cell_type == "code"])))
     from .edition import host_engine
-    home = host_engine(chapter_path) if CHAPTER_ID.match(Path(chapter_path).name) else None
+    home = host_engine(chapter_path)
     with SealedKernel(worker_plan, cwd=cwd, env=environ, wrap=wrap, host_home=home and str(home)) as kernel:
         for index, cell in enumerate(to_run):
             if cell.cell_type != "code":

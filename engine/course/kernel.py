@@ -137,6 +137,10 @@ def worker_argv(code: str, home: str = ENGINE_HOME) -> list[str]:
     return [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {home!r}); {code}"]
 
 
+ENDED = ("the process running the notebook ended during this cell (for example os._exit, sys.exit in a thread, "
+         "or a crash); it was restarted")
+
+
 class ChannelTampered(RuntimeError):
     """A line on the result pipe that the worker did not sign: the notebook's code wrote to it."""
 
@@ -176,11 +180,7 @@ class SealedKernel:
         import tempfile
         self.key = secrets.token_bytes(32)
         judge_end, host_end = socket.socketpair()
-        host_argv = worker_argv("from engine.course.seal import main; main()", self.host_home) + [
-            str(host_end.fileno())]
-        if self.wrap is not None:
-            host_argv = self.wrap(host_argv, self.cwd, **(
-                {"readable": [Path(self.host_home)]} if self.host_home != ENGINE_HOME else {}))
+        host_argv = self._host_command("from engine.course.seal import main; main()", str(host_end.fileno()))
         self.host = subprocess.Popen(host_argv, cwd=str(self.cwd), env=self.env, pass_fds=(host_end.fileno(),),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
@@ -206,11 +206,18 @@ class SealedKernel:
             self.stop()   # __exit__ will not run for a failed __enter__: close the pipes here
             raise RuntimeError(f"the sealed grading worker did not start{self._why_no_start()}")
 
+    def _host_command(self, code: str, *arguments: str) -> list[str]:
+        """The host's command line: its engine first, in the sandbox when `wrap` is given."""
+        argv = worker_argv(code, self.host_home) + list(arguments)
+        if self.wrap is None:
+            return argv
+        return self.wrap(argv, self.cwd, **({"readable": [Path(self.host_home)]}
+                                           if self.host_home != ENGINE_HOME else {}))
+
     def _why_no_start(self) -> str:
         """What starting Python the same way says, for the message (only run once the worker failed)."""
-        argv = worker_argv("import engine.course.seal")
         try:
-            probe = subprocess.run(self.wrap(argv, self.cwd) if self.wrap else argv, cwd=str(self.cwd),
+            probe = subprocess.run(self._host_command("import engine.course.seal"), cwd=str(self.cwd),
                                    env=self.env, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as error:
             return f": starting Python the same way failed too ({error})"
@@ -303,9 +310,7 @@ class SealedKernel:
                                               "stopped" + ("" if stopped else "; the worker did not respond and "
                                                            "was restarted"))], usable=stopped)
         if message is None:
-            why = "the notebook's code wrote to the grader's result channel" if self.tampered_channel else \
-                "the process running the notebook ended during this cell (for example os._exit, sys.exit in a " \
-                "thread, or a crash); it was restarted"
+            why = "the notebook's code wrote to the grader's result channel" if self.tampered_channel else ENDED
             return CellRun("dead", [_error("DeadKernelError", why)], usable=False)
         self.refused += message.get("refused", [])
         outputs = [NotebookNode(output) for output in message["outputs"]]
@@ -313,9 +318,7 @@ class SealedKernel:
             if output.get("output_type") == "error":
                 output["traceback"] = list(output.get("traceback", []))
         if message["status"] == "dead":   # the host ended during the cell: the judge stopped too
-            return CellRun("dead", [NotebookNode(o) for o in message["outputs"]] + [_error(
-                "DeadKernelError", "the process running the notebook ended during this cell (for example "
-                "os._exit or a crash); it was restarted")], usable=False)
+            return CellRun("dead", outputs + [_error("DeadKernelError", ENDED)], usable=False)
         status = {"ok": "ok", "interrupted": "timeout"}.get(message["status"], "error")
         run = CellRun(status, outputs)
         run.verdict = message.get("verdict", {})

@@ -23,11 +23,7 @@ from __future__ import annotations
 
 import builtins
 import enum
-import hmac
 import io
-import json
-import json.decoder
-import json.encoder
 import os
 import re
 import signal
@@ -37,47 +33,12 @@ import threading
 import traceback
 import types
 
-from engine.course.sealed.fingerprint import code_of, every_code, fingerprint
+from engine.course.sealed.fingerprint import every_code
 
 ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 MAX_STREAM_CHARS = 50_000        # per cell and stream: a flood of prints is cut, not shipped
 TRUSTED_PREFIX = "<trusted "     # the file name of every chapter cell the worker compiles
 LEARNER_PREFIX = "<learner "     # ... and of every learner cell
-
-# The worker speaks with functions written in C, taken before any learner code runs: a learner who
-# rewrites json's encoder or decoder classes or hmac.HMAC cannot read the key, alter a verdict before
-# it is signed, or change the cells the grader sends.
-try:
-    from _hashlib import hmac_digest as _HMAC_DIGEST
-except ImportError:                        # no OpenSSL: hmac.digest, taken now
-    _HMAC_DIGEST = hmac.digest
-_SCAN = json.decoder.JSONDecoder().scan_once          # the C scanner, with its parameters bound
-_C_ENCODER = json.encoder.c_make_encoder
-
-
-def _no_default(value):
-    raise TypeError(f"the worker sends only JSON values, not {type(value).__name__}")
-
-
-_ENCODE = (_C_ENCODER(None, _no_default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False,
-                      False, True) if _C_ENCODER is not None else None)
-
-
-def _dumps(value, _encode=_ENCODE, _join="".join, _fallback=json.dumps) -> str:
-    return _join(_encode(value, 0)) if _encode is not None else _fallback(value, ensure_ascii=True)
-
-
-def _loads(line: str, _scan=_SCAN, _strip=str.strip):
-    text = _strip(line)
-    value, end = _scan(text, 0)
-    if end != len(text):
-        raise ValueError("extra data after a command")
-    return value
-
-
-def _sign(key: bytes, body: str, _digest=_HMAC_DIGEST, _encode=str.encode, _hex=bytes.hex) -> str:
-    return _hex(_digest(key, _encode(body), "sha256"))
-
 
 # Events refused when the first frame above them that is neither library nor engine code is learner code.
 BLOCKED_EVENTS = {
@@ -357,6 +318,20 @@ class _Capture(io.TextIOBase):
         return value + ("\n[... output cut ...]\n" if self.size > MAX_STREAM_CHARS else "")
 
 
+def _stream_outputs(out: _Capture, err: _Capture) -> list[dict]:
+    """A cell's printed text as notebook stream outputs (nothing for a stream it did not write to)."""
+    return [{"output_type": "stream", "name": name, "text": capture.text()}
+            for name, capture in (("stdout", out), ("stderr", err)) if capture.text()]
+
+
+def named(module_name: str, qualname: str):
+    """The object `qualname` (a function, class or Class.method) of a module, imported if need be."""
+    target = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
 def _error_output(exc: BaseException) -> dict:
     try:
         ename = type(exc).__name__
@@ -585,7 +560,7 @@ def main() -> None:
             graded.update(graded_by_cell.get(name, {}))
         filename = f"{TRUSTED_PREFIX if kind == 'trusted' else LEARNER_PREFIX}{name}>"
         out, err = _Capture(), _Capture()
-        outputs, status, error = [], "ok", None
+        status, error = "ok", None
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = out, err
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -604,11 +579,7 @@ def main() -> None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             sys.stdout, sys.stderr = saved
             _reap_children()
-        for stream, capture in (("stdout", out), ("stderr", err)):
-            if capture.text():
-                outputs.append({"output_type": "stream", "name": stream, "text": capture.text()})
-        if error:
-            outputs.append(error)
+        outputs = _stream_outputs(out, err) + ([error] if error else [])
         if "matplotlib.pyplot" in sys.modules:
             try:
                 sys.modules["matplotlib.pyplot"].close("all")
@@ -627,7 +598,7 @@ def main() -> None:
 
     def begin_test(source: str, names: list) -> dict:
         """Before the judge runs a test: put back what learner code changed, bind the chapter's names
-        again, and look at the graded names it uses (own work, a copy of the reference)."""
+        again, and look at whether the graded names it uses are the learner's own work."""
         notes, own = [], []
         repaired = differences(record, sys.modules, libraries, repair=True)
         repaired += hooks_state(baseline_threads)
@@ -686,10 +657,7 @@ def main() -> None:
             module_name, qualname, *rest = args
             if not (module_name == "engine" or module_name.startswith("engine.")):
                 raise PermissionError(f"{module_name} is not the engine's")
-            target = __import__(module_name, fromlist=["_"])
-            for part in qualname.split("."):
-                target = getattr(target, part)
-            return target(*rest, **kwargs)
+            return named(module_name, qualname)(*rest, **kwargs)
         raise ValueError(f"unknown operation {op!r}")
 
     channel.serve = serve
@@ -719,9 +687,7 @@ def _install_references(references: list, helpers: list) -> frozenset:
     codes = set()
     for module_name, qualname in references:
         try:
-            target = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
-            for part in qualname.split("."):
-                target = getattr(target, part)
+            target = named(module_name, qualname)
             target = getattr(target, "__func__", target)
             # An edition stub (engine.course.edition: it calls the learner's own definition) is not
             # the reference: calling it runs the learner's code.

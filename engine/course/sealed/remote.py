@@ -162,9 +162,9 @@ class Channel:
         self.objects[id(value)] = value
         cls = value if isinstance(value, type) else type(value)
         known = [_name_of(c) for c in cls.__mro__ if _trusted_module(c.__module__) and c is not object]
+        name = getattr(value, "__name__", None)
         return {"~": "ref", "owner": self.side, "id": id(value), "is_class": isinstance(value, type),
-                "type": _name_of(type(value)), "known": known[:1], "name": getattr(value, "__name__", None)
-                if isinstance(getattr(value, "__name__", None), str) else None}
+                "type": _name_of(type(value)), "known": known[:1], "name": name if isinstance(name, str) else None}
 
     def _encode_tensor(self, value: torch.Tensor, tensors: list | None) -> dict:
         if tensors is not None:
@@ -297,30 +297,27 @@ class Channel:
     def _decode_exception(self, data: dict) -> BaseException:
         args = [self.decode(a) if not isinstance(a, str) else a for a in data.get("args", [])]
         error = None
-        for module, qualname in data.get("mro", [data["c"]]):
+        for module, qualname in data.get("mro", [data["c"]]):   # the first class of it this side knows
             cls = _resolve(module, qualname)
+            if cls is None:
+                continue
             # Only exceptions a check can expect: never one that stops the process or the channel.
-            if cls is not None and (not issubclass(cls, Exception) or issubclass(cls, RemoteGone)):
+            if not issubclass(cls, Exception) or issubclass(cls, RemoteGone):
                 break
-            if cls is not None and issubclass(cls, BaseException):
-                if (module, qualname) != tuple(data["c"]) and cls is not Exception:
-                    error = None
-                    if issubclass(cls, NotImplementedError):   # a learner's own NotImplementedError kind
-                        error = NotImplementedError(data.get("message", ""))
-                    else:
-                        error = RemoteError(data["c"][1], data.get("message", ""))
-                    break
-                try:
-                    error = cls.__new__(cls)
-                    error.args = tuple(args)
-                    for name, value in (data.get("attrs") or {}).items():
-                        setattr(error, str(name), self.decode(value))
-                except Exception:
-                    error = RemoteError(data["c"][1], data.get("message", ""))
+            if (module, qualname) != tuple(data["c"]) and cls is not Exception:
+                if issubclass(cls, NotImplementedError):   # a learner's own NotImplementedError kind
+                    error = NotImplementedError(data.get("message", ""))
                 break
+            try:
+                made = cls.__new__(cls)
+                made.args = tuple(args)
+                error = made
+            except Exception:
+                pass
+            break
         if error is None:
             error = RemoteError(data["c"][1], data.get("message", ""))
-        for name, value in (data.get("attrs") or {}).items():
+        for name, value in (data.get("attrs") or {}).items():   # the raised exception's own attributes
             try:
                 if not hasattr(error, str(name)):
                     setattr(error, str(name), self.decode(value))
