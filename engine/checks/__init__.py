@@ -21,6 +21,7 @@ import os
 import sys
 import textwrap
 import traceback
+import types
 from typing import Any, Callable, NoReturn
 
 import torch
@@ -235,6 +236,24 @@ def _edition_stub(error: BaseException) -> bool:
         getattr(error, "_course_edition", False) is True and isinstance(getattr(error, "qualname", None), str))
 
 
+def _refuse_the_reference(check_name: str, chapter: str, values, from_cell: bool) -> None:
+    """Fail at once when a function or class handed to the check is the engine's reference of the
+    chapter, or calls it (see own_work)."""
+    from engine.checks.own_work import borrowed
+    for value in values:
+        if isinstance(value, (type, types.FunctionType)) and (why := borrowed(value, chapter, from_cell)):
+            raise CheckFailed(f"{check_name}: {why}. Hint: this exercise must be your own code, and make grade "
+                              f"gives it 0 points: write its body without the engine's version")
+
+
+def _calls_itself(error: BaseException) -> bool:
+    """The student edition's CallsItself: the learner's definition called the engine's own name for it
+    (raised here, or in the grader's host, whose engine is that edition's for the graded chapter)."""
+    kind = type(error)
+    return (kind.__module__ == "engine._edition" and kind.__name__ == "CallsItself") or (
+        getattr(error, "_course_calls_itself", False) is True)
+
+
 def where_it_lives(fn: Callable) -> Callable:
     """For a check's helper that builds on the learner's class or kernel (a subclass, a Triton launch):
     when that object lives in another process (the grader's host), the helper runs there, on the
@@ -253,8 +272,14 @@ def where_it_lives(fn: Callable) -> Callable:
 def check(fn: Callable) -> Callable:
     """Make a check report unfinished or crashing learner code as a plain `CheckFailed`."""
 
+    chapter = fn.__module__.rpartition(".")[2]
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if "IPython" in sys.modules:      # a notebook's kernel: the grader's processes screen their own way
+            from engine.checks.own_work import cell_file
+            _refuse_the_reference(fn.__name__, chapter, (*args, *kwargs.values()),
+                                  cell_file(sys._getframe(1).f_code.co_filename))
         try:
             with torch.no_grad():
                 return fn(*args, **kwargs)
@@ -267,6 +292,8 @@ def check(fn: Callable) -> Callable:
             raise CheckFailed(f"{fn.__name__}: {where} is not implemented yet (it raised "
                               f"NotImplementedError). Write it, run its cell again, then this one.") from exc
         except Exception as exc:
+            if _calls_itself(exc):
+                raise CheckFailed(f"{fn.__name__}: {exc}") from exc
             where = _learner_frame(exc)
             raise CheckFailed(f"{fn.__name__}: the code under test crashed in {where} with "
                               f"{type(exc).__name__}: {exc}") from exc
@@ -420,7 +447,11 @@ def not_written_lines(error: BaseException, tb, cell_name: Callable[[str], str |
     if not cells_seen or (frames[-1][0] is None and str(stub)):
         return None
     cell, frame = cells_seen[-1]
-    where = f"the cell {cell}" if frame.name == "<module>" else f"{frame.name} ({cell}, line {frame.lineno})"
+    if frame.name == "<module>" and frame is frames[-1][1]:   # raised by this very cell's own top level
+        return [f"{_RED}{_BOLD}✗ not written yet{_RESET}"] + _wrapped(
+            f"this cell is yours to write ({cell}, line {frame.lineno}): put your code or answer in place "
+            "of its `raise NotImplementedError()` line, then run it again.")
+    where = f"{cell}" if frame.name == "<module>" else f"{frame.name} ({cell}, line {frame.lineno})"
     return [f"{_RED}{_BOLD}✗ not written yet{_RESET}"] + _wrapped(
         f"{where} raised NotImplementedError: this cell runs code you write in an exercise above. Write "
         "it, run its cell, then this one again.")

@@ -325,6 +325,7 @@ class Channel:
                 pass
         error._course_where = data.get("where")
         error._course_edition = ["engine._edition", "NotWrittenYet"] in data.get("mro", [])
+        error._course_calls_itself = ["engine._edition", "CallsItself"] in data.get("mro", [])
         return error
 
     # ------------------------------------------------------------------------------------- transport
