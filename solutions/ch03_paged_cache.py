@@ -296,13 +296,16 @@ explorer(show_pool, block_size=([2, 4, 8], 4), seed=(0, 3, 0))
 #
 # ### Exercise 3.3: `free` and `truncate` (2 + 2 points)
 #
-# * `free(self, seq)`: call `self.allocator.release(block)` once for each block of `self.table(seq)`,
-#   then delete `self.tables[seq]` and `self.lengths[seq]`. (The engine's version also drops a
-#   sequence swapped out to host memory, chapter 7; yours need not.)
-# * `truncate(self, seq, length)`: raise `ValueError` unless `0 <= length <= self.lengths[seq]`;
-#   release every block past the first $\lceil \text{length}/b \rceil$, remove them from the table
-#   (the same list object: `del table[keep:]`), and set the length. The sequence stays, even at
-#   length 0.
+# * `free(self, seq)`: the request is finished. Afterwards the cache knows nothing of `seq` (no
+#   table, no length), and every block its table named has lost exactly one owner: a block nobody
+#   else holds is back on the free list, one that a fork or the prefix cache still holds stays in use.
+#   (The engine's version also drops a sequence swapped out to host memory, chapter 7; yours need
+#   not.)
+# * `truncate(self, seq, length)`: roll `seq` back to its first `length` tokens. A `length` below 0
+#   or above the sequence's length is a `ValueError`, with nothing changed. Afterwards the table holds
+#   only the blocks those tokens need, each block cut off has lost one owner, and the length is
+#   `length`. The table stays the *same list object* (the engine holds it), and the sequence stays,
+#   even at length 0.
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_free", "locked": false, "schema_version": 3, "solution": true}
 #| include engine/cache/paged.py::PagedKVCache.free,truncate solve=free,truncate

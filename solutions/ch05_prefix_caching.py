@@ -246,16 +246,21 @@ for name, tokens, salt in (("A + X", a + x, None), ("B + X", b + x, None),
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_ex_attach_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 5.2 — `attach` and `detach` (4 points)
 #
-# * `attach(self, seq, prompt, salt=None, extra_keys=())` returns the tokens reused. Raise
-#   `ValueError` for an empty prompt. Walk `self.chain(prompt, salt, extra_keys)`; for each block
-#   look up `self.entries.get(key)` and stop at the first one that is `None` or fails
-#   `self.matches(...)`; collect the found entries' `.block`s. Then `self.cache.create(seq)`,
-#   `self.cache.share_blocks(seq, blocks)` (appends them to the table, one more owner each),
-#   `self.cache.set_length(seq, reused)`, where `reused` is the tokens in those blocks but at most
-#   `len(prompt) - 1` (always one token left to prefill), and return `reused`; add to
-#   `self.queries`, `self.hits` (1 if anything was reused) and `self.tokens_saved`.
-# * `detach(self, seq)` undoes it before any prefill: the tokens reused are `self.cache.length(seq)`;
-#   `self.cache.free(seq)` and take back the three counts.
+# * `attach(self, seq, prompt, salt=None, extra_keys=())` creates `seq` in the cache with the
+#   longest cached start of `prompt` already in its table, and returns how many tokens that reuses.
+#   An empty prompt is a `ValueError`.
+#   * The reused start is a run of the prompt's blocks from the first: each is cached in
+#     `self.entries` under its key from `self.chain(prompt, salt, extra_keys)` *and* passes
+#     `self.matches(...)`. The first block that fails ends the run, since every later key is
+#     chained on it.
+#   * The new sequence (`self.cache.create`) takes those entries' blocks, each with one more owner
+#     (`self.cache.share_blocks`), and its length (`self.cache.set_length`) is the tokens reused.
+#   * At least one token is always left to prefill: the model needs a last position to compute the
+#     next token's logits from, so a fully cached prompt reuses `len(prompt) - 1` tokens.
+#   * It counts the lookup for `stats()`: `self.queries`, `self.hits` (a lookup that reused
+#     anything) and `self.tokens_saved`.
+# * `detach(self, seq)` undoes an `attach`, before any prefill: the sequence's blocks each lose the
+#   owner it added, the cache forgets the sequence, and the three counts are what they were before.
 #
 # Your `attach` calls `self.chain` and `self.matches`: the class `Attach` at the end of the cell
 # puts your methods on top of your `Keys`, so they are yours from Exercise 5.1, not the engine's.
@@ -327,7 +332,7 @@ ch05.check_remember(Remember)
 # owners or children change: the engine wraps the cache's allocator (`OwnerWatch`) so that every
 # `share` and `release` of a published block calls `refresh(entry)`, which asks your
 # `evictable(entry)` and puts the entry at the back of the line or takes it out. So `evict` only
-# ever takes the entry at the front: `self.lru.popitem(last=False)`.
+# ever takes the entry at the front (an `OrderedDict` hands it over in O(1): see its `popitem`).
 #
 # When an evicted entry's parent loses its last child, the parent becomes a leaf. It goes to the
 # *front* of the line (`refresh(parent, front=True)`): its chain was the least recently used one,
@@ -342,21 +347,22 @@ for entries in (1_000, 10_000, 30_000):
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_ex_evict_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 5.4 — `evictable`, `evict` and `forget` (4 points)
 #
-# * `evictable(self, entry)`: whether evict may take it now, by the first two rules above: a leaf
-#   (`entry.children == 0`) that only the cache holds (`self.cache.allocator.refcount(entry.block)`
-#   is 1, the cache's own reference).
-# * `evict(self, blocks_wanted)`: while `self.cache.allocator.num_free < blocks_wanted` and the line
-#   is not empty, pop the front entry, `_, entry = self.lru.popitem(last=False)`, and
-#   `self.forget(entry)`; return how many it took.
-# * `forget(self, entry)`: take the entry out of the line *if it is still there*,
-#   `self.lru.pop(entry.key, None)` (when `evict` calls `forget`, the entry is already
-#   popped: a plain `del self.lru[entry.key]` raises `KeyError`), and delete it from
-#   `self.entries` and `self.block_keys`, all *before* releasing its block (a block handed out
-#   again must not be found under its old key). `entry.parent` is the parent's *key* (`None`
-#   for a first block), not an `Entry`: if it is not `None`, the parent is
-#   `parent = self.entries[entry.parent]`; lower its `children` and
-#   `self.refresh(parent, front=True)`. Then release the cache's own reference,
-#   `self.cache.allocator.release(entry.block)`.
+# * `evictable(self, entry)`: whether `evict` may take the entry now, by the first two rules above.
+#   The allocator's `refcount(block)` says how many owners a block has; the cache's own reference is
+#   one of them.
+# * `evict(self, blocks_wanted)`: forget entries from the front of the line until the pool has
+#   `blocks_wanted` free blocks (`self.cache.allocator.num_free`) or the line is empty; return how
+#   many it forgot.
+# * `forget(self, entry)`: remove every trace of the entry, then release the cache's own reference
+#   on its block.
+#   * Its traces are its place in the line `self.lru`, its key in `self.entries` and its block in
+#     `self.block_keys`. It may have left the line already: when `evict` calls `forget`, it has just
+#     taken the entry off the front.
+#   * Every trace goes *before* the release: a block handed out again must not be found under its
+#     old key.
+#   * Its parent, if it has one, has one child fewer, and may have just become a leaf: it goes to
+#     the *front* of the line, `self.refresh(parent, front=True)`. `entry.parent` is the parent's
+#     *key* (`None` for a first block), not an `Entry`.
 
 # %% nbgrader={"grade": false, "grade_id": "ch05_evict", "locked": false, "schema_version": 3, "solution": true}
 #| include engine/cache/prefix.py::PrefixCache.evictable,evict,forget solve=evictable,evict,forget

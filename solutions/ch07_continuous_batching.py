@@ -158,17 +158,22 @@ print(f"room for {margin} running sequences to cross into a new block at once")
 # every other method is the engine's. `schedule()` calls it for the oldest
 # waiting sequence while the step has token budget left, and stops admitting at the first 0. On
 # success, `schedule()` pops `seq` from `self.waiting` and appends the chunk
-# `Chunk(seq, seq.num_computed, count)`; `admit` itself must:
+# `Chunk(seq, seq.num_computed, count)`. `admit` either admits `seq` and returns how many of its
+# tokens run this step, or returns 0 with nothing changed:
 #
-# 1. `reused = self.attach(seq)`: creates `seq` in the cache, sharing any cached prefix blocks, and
-#    returns how many of its tokens are already computed;
-# 2. compute `need`: `self.cache.blocks_wanted(seq.seq_id, len(seq.tokens) - reused)` (new blocks plus
-#    the copy of a shared last block) plus `self.margin()`;
-# 3. if `self.make_room(need)` is False: undo the attach with `self.detach(seq)` and return 0, with
-#    nothing else changed;
-# 4. otherwise set `seq.num_computed` and `seq.cached_tokens` to `reused`, take
-#    `count = min(seq.num_pending, budget)`, **reserve** it with `self.cache.reserve(seq.seq_id, count)`,
-#    mark `seq.status = Status.RUNNING`, append it to `self.running`, and return `count`.
+# * **Look up first.** `self.attach(seq)` creates `seq` in the cache, shares any cached prefix blocks
+#   and returns how many of its tokens are already computed. Only then is it known what the sequence
+#   still needs.
+# * **Room for the whole request, plus the margin.** It needs blocks for *every* token not yet
+#   computed, not just this step's: `self.cache.blocks_wanted(seq_id, tokens)` counts them (the copy
+#   of a shared last block included), and `self.margin()` is the margin of section 7.2.
+#   `self.make_room(blocks)` says whether that many are free, or can be freed by evicting cached
+#   blocks.
+# * **No room: undo.** `self.detach(seq)` takes the attach back, and nothing else may have changed.
+# * **Room: run.** The sequence starts from what the cache holds (`seq.num_computed`, and
+#   `seq.cached_tokens` for the statistics). This step's chunk is as many of its pending tokens
+#   (`seq.num_pending`) as the budget allows, and the cache reserves room for exactly that chunk.
+#   The sequence is then running (`seq.status`, and the end of `self.running`).
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_admit", "locked": false, "schema_version": 3, "solution": true}
 #| include engine/serve/scheduler.py::Scheduler.admit solve=admit
@@ -240,21 +245,28 @@ print(f"engine default: preemption={config.preemption!r}, "
 #
 # ### Exercise 7.2 — `reserve_or_preempt`, `choose_victim`, `preempt` (3 + 2 + 4 points)
 #
-# * `reserve_or_preempt(seq, count, scheduled)`: loop: try `self.cache.reserve(seq.seq_id, count)`
-#   and return True when it works. On `MemoryError`: if `self.evict_for(seq, count)` freed anything,
-#   try again; otherwise `victim = self.choose_victim(scheduled)`, `self.preempt(victim)`, and return
-#   False if the victim is `seq` itself, else try again.
+# * `reserve_or_preempt(seq, count, scheduled)`: get room in the cache for `count` more tokens of
+#   `seq`, freeing memory in the order above until the reservation works (return True) or `seq`
+#   itself is the one preempted (return False: it steps aside this step). A failed `reserve` raises
+#   a `MemoryError` and changes nothing, so it can simply be tried again. `self.evict_for(seq,
+#   count)` evicts and returns how many blocks it freed; a sequence is preempted only when eviction
+#   freed none.
 # * `choose_victim(scheduled)`: the newest sequence in `self.running` whose `seq_id` is not in the set
 #   `scheduled` (newest by admission: `self.running` is in admission order, a re-admitted sequence
 #   at its end whatever its id). There is always one: `reserve_or_preempt(seq, ...)` is its only
 #   caller, and `seq` itself is running and not yet in `scheduled`, so at worst the asker is its own
 #   victim. You need not handle an empty choice (the engine's `next(...)` would raise
 #   `StopIteration`).
-# * `preempt(seq)`: `mode = self.preemption_mode(seq)`; remove `seq` from `self.running`; add one to
-#   `seq.preemptions` and to `self.preemptions[mode]`. For `"swap"`: `self.release(seq, swap=True)`,
-#   add `seq.num_computed` to `self.swapped_tokens`, status `Status.SWAPPED`, append to `self.swapped`.
-#   For `"recompute"`: `self.publish(seq)`, then `self.release(seq)`, `seq.num_computed = 0`, status
-#   `Status.WAITING`, and `self.waiting.appendleft(seq)`. Return `mode`.
+# * `preempt(seq)`: take `seq` out of `self.running` in the mode `self.preemption_mode(seq)` picks,
+#   as described above, and return the mode. The engine's helpers move the memory: `self.release(seq)`
+#   frees its blocks, `self.release(seq, swap=True)` swaps them out to host memory first, and
+#   `self.publish(seq)` offers its full blocks to the prefix cache (which only helps while they are
+#   still allocated). Afterwards:
+#   * after a swap, it is `Status.SWAPPED` at the end of `self.swapped`, its `num_computed` kept and
+#     added to `self.swapped_tokens`;
+#   * after a recompute, it is `Status.WAITING` at the *front* of `self.waiting`, with nothing
+#     computed;
+#   * either way, `seq.preemptions` and `self.preemptions[mode]` count one more.
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_preempt", "locked": false, "schema_version": 3, "solution": true}
 #| include engine/serve/scheduler.py::Scheduler.reserve_or_preempt,choose_victim,preempt solve=reserve_or_preempt,choose_victim,preempt
@@ -322,10 +334,14 @@ ch07.check_swap(PagedKVCache, block_size=2)
 #
 # ### Exercise 7.4 — `fork_samples` (3 points)
 #
-# `fork_samples(seq, new_ids)`: for each index $i = 1, \dots, n - 1$ of `request = seq.request`, make
-# `Sequence(next(new_ids), request, list(seq.tokens), make_generator(request.seed + i), sample_index=i)`,
-# append it to `request.sequences`, `self.cache.fork(seq.seq_id, child.seq_id)`, give it the parent's
-# `num_computed` and `Status.RUNNING`, append it to `self.running`. Return the list of new sequences.
+# `fork_samples(seq, new_ids)` turns a request's one prefilled sequence into its `n` samples and
+# returns the `n - 1` new ones, in order. Sample $i$ ($1 \le i < n$, with `n` and `seed` from
+# `seq.request`) is a `Sequence(seq_id, request, tokens, generator, sample_index=i)` whose id is the
+# next of `new_ids`, whose tokens are its own copy of the parent's, and whose generator is
+# `make_generator(seed + i)`: that is what makes it draw what a solo request with seed $s + i$ draws.
+# Each new sample is listed in `request.sequences`, shares the parent's blocks in the cache (chapter
+# 4's `fork`), has computed what the parent has, and is running (its status, and the end of
+# `self.running`).
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_fork", "locked": false, "schema_version": 3, "solution": true}
 #| include engine/serve/scheduler.py::Scheduler.fork_samples solve=fork_samples
