@@ -304,8 +304,8 @@ for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b", "qwen3-0.6b"):
           f"a 4,096-token context: {4096 * per_token / GiB:.2f} GiB")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch01_bytes_md2", "locked": true, "schema_version": 3, "solution": false}
-# Grouped-query attention is why Llama-3-70B costs less per token than Llama-2-13B, a model five
-# times smaller: Llama-2-13B keeps all 40 of its heads as KV heads, Llama-3-70B shares each of its 8 KV
+# Grouped-query attention is why Llama-3-70B costs less per token than Llama-2-13B, a much smaller
+# model: Llama-2-13B keeps all 40 of its heads as KV heads, Llama-3-70B shares each of its 8 KV
 # heads among 8 query heads. Even so, a few thousand tokens of context cost gigabytes, and a serving
 # engine holds the contexts of dozens of requests at once.
 

@@ -34,7 +34,7 @@
 # all. If your allocator ever hands one block to two sequences, or frees a block someone still reads,
 # that comparison finds it.
 #
-# **How to work.** Run the cells in order. A cell that starts with `raise NotImplementedError()` is
+# **How to work.** Run the cells in order. A cell that contains `raise NotImplementedError()` is
 # yours to write; the locked cell after it runs the graded check and prints one line starting with ✓
 # when your code is right, or a message that says what it expected, what came back, and where to look.
 #

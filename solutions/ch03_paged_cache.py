@@ -38,7 +38,7 @@
 # **Stuck in chapter 2?** Nothing here uses your chapter-2 code: the cache runs on the engine's
 # `BlockAllocator` and `slot_mapping`.
 #
-# **How to work.** Run the cells in order. A cell that starts with `raise NotImplementedError()` is
+# **How to work.** Run the cells in order. A cell that contains `raise NotImplementedError()` is
 # yours to write; the locked cell after it runs the graded check and prints one line starting with ✓,
 # or a message that says what it expected, what came back, and a hint. Each exercise cell is a small
 # subclass of the engine's `PagedKVCache` that defines only the methods of that exercise; everything

@@ -327,7 +327,8 @@ for g, mine, engine_count in wrong[:3]:
 # Pick a prompt length, a number of samples and how many tokens each has generated; the explorer runs
 # the cache's bookkeeping (`reserve`, `fork`, and copy-on-write, without the model) and draws every
 # table. Try a prompt that ends exactly on a block boundary: nothing is ever copied. Try a block size
-# of 64 with a short prompt: the whole prompt is one partial block, and every sample copies all of it.
+# of 64 with a short prompt: the whole prompt is one partial block, and every sample but the last to
+# write copies all of it (the last writer is its only owner by then and keeps the original).
 # The explorer uses the engine's own cache, so it works even before your methods pass. It draws every
 # state its controls can reach when the cell runs, so the controls work in the book too; the grader
 # draws only the running example.
@@ -493,10 +494,12 @@ print("your cache draws the engine's samples:", your_outputs == outputs)
 # `Beam` with `seq_id`, `tokens` and `score`), `peak_blocks` (blocks in use at the worst step) and
 # `unshared_blocks` (what `width` private copies of the longest hypothesis would take).
 #
-# ★★ **n-way sampling in the batching engine.** In chapter 7 (coming), continuous batching admits
-# requests one by one. Extend it so that a request with `n > 1` is prefilled once and forked `n - 1`
-# times, each sample with its own seed; check that each sample's tokens equal those of a solo run of the
-# same request with the same seed.
+# ★★ **Forks under memory pressure.** Chapter 7's engine prefills a request with `n > 1` once and
+# forks it `n - 1` times (its Exercise 7.4). Before you get there, predict with this chapter's
+# bookkeeping alone: when a pool is too small for all `n` samples, which of their blocks are still
+# shared when the first sample must give its memory back, and how many blocks does that free? Then
+# check: fork the samples in a small `PagedKVCache`, let each write a few tokens, free one, and compare
+# `allocator.num_free` before and after.
 #
 # ★ **Truncate after a fork.** `truncate(seq, length)` rolls back rejected draft tokens in speculative
 # decoding. Fork a sequence, truncate the child into the middle of a block that both still share, then
@@ -521,5 +524,5 @@ print("your cache draws the engine's samples:", your_outputs == outputs)
 #   simpler prefix cache).
 # * `fork()` with copy-on-write pages in Unix: the operating-system idea this chapter borrows.
 #
-# **Next.** Chapter 5 (coming) shares blocks *across requests*: a prefix cache keyed by chained block
+# **Next.** Chapter 5 shares blocks *across requests*: a prefix cache keyed by chained block
 # hashes, with LRU eviction of blocks nobody uses.

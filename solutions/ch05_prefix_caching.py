@@ -376,8 +376,8 @@ ch05.check_evict(Evict)
 # ## 5.6 The milestone: your prefix cache in the engine
 #
 # The next check builds one `PrefixCache` from your four classes and plugs it into the engine's
-# scheduler over the engine's `PagedKVCache`. First it reruns the demo of section 5.1 through it:
-# 832 prompt tokens, 160 prefilled, 14 blocks against 56. Then it serves a ragged batch (prompts of
+# scheduler over the engine's `PagedKVCache`. First it reruns the demo of section 5.1 through it,
+# which must prefill as few tokens and hold as few blocks as it did there. Then it serves a ragged batch (prompts of
 # $b-1$, $b$, $b+1$ and $2b+1$ tokens sharing one start, and $X$ after $A$ and after $B$), then a
 # second wave that hits the cache, fully cached block-aligned prompts included, each decoding 20
 # tokens in a pool small enough that the scheduler must evict cached blocks and preempt requests.

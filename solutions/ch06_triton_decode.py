@@ -197,9 +197,10 @@ else:
 # At decode, each sequence adds one token. For every layer, its one query vector per head is compared
 # with all $L$ cached keys and mixes all $L$ cached values: about $4 L D$ floating-point operations per
 # head against $2 L D$ values read from memory. One or two operations per byte is far below what a GPU
-# can compute per byte it loads (hundreds), so decode attention is **memory-bound**: its time is the
-# bytes of K and V divided by the memory bandwidth. The cell computes those bytes for Llama-3-8B
-# (fp16) against context length, beside the weights every step also reads once.
+# can compute per byte it loads (its peak FLOP/s over its bandwidth), so decode attention is
+# **memory-bound**: its time is the bytes of K and V divided by the memory bandwidth. The cell
+# computes those bytes for Llama-3-8B (fp16) against context length, beside the weights every step
+# also reads once.
 
 # %% nbgrader={"grade": false, "grade_id": "ch06_traffic", "locked": true, "schema_version": 3, "solution": false}
 def weight_bytes(config: ModelConfig, bytes_per_value: int = 2) -> int:

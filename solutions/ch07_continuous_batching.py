@@ -38,7 +38,7 @@
 #
 # * Exercise 7.1, `admit`: let a waiting sequence in, reserving before any compute;
 # * Exercise 7.2, `reserve_or_preempt`, `choose_victim`, `preempt`: what happens when `reserve` fails;
-# * Exercise 7.3, `swap_out` and `swap_in` of the paged cache: the part chapter 4 left out;
+# * Exercise 7.3, `swap_out` and `swap_in` of the paged cache: the part chapter 3 left out;
 # * Exercise 7.4, `fork_samples`: n samples of one request from one prefill.
 #
 # The milestone runs your scheduler and your swap inside the real engine on a pool so small that
@@ -419,7 +419,8 @@ print(f"(engine's {reference_engine.scheduler.preemptions}); "
 # Back to the benchmark of section 7.1. The figure shows, for its `max` and `paged` runs, the fraction
 # of the KV pool that holds tokens and the number of running sequences over engine time. Max slots sit
 # well below full however long the queue is: each region is sized for the worst case. The paged pool
-# fills almost to the top and runs more sequences, until the queue drains.
+# holds more tokens and runs more sequences, until the queue drains; the cell prints each run's mean
+# fill.
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_fill", "locked": true, "schema_version": 3, "solution": false}
 figures.plot_fill_and_batch({k: measured_metrics[k] for k in ("max", "paged")},

@@ -340,8 +340,9 @@ plot_capacity(runs, "SIMULATED (roofline): Llama-2-13B on an A100-40GB, same KV 
 # where $d_c$ is the latent's size, `kv_lora_rank`, and $d_r$ the rotary key's, `qk_rope_head_dim`.
 #
 # DeepSeek-V2 (`engine/configs/mla/deepseek-v2.json`) has 60 layers, a latent of 512 and a rotary key
-# of 64: 576 numbers per layer, 1,152 bytes at bf16, against 2,048 numbers (4 KiB) per layer for
-# Llama-3-70B's 8 KV heads of 128. The paging mechanism does not care what a block holds; the
+# of 64: it caches $512 + 64$ numbers per token and layer, where Llama-3-70B caches $2 \times 8
+# \times 128$ (K and V of its 8 KV heads of 128); the cell after Exercise 8.2 prints what that makes
+# per token. The paging mechanism does not care what a block holds; the
 # arithmetic of the previous chapters does.
 #
 # ### Exercise 8.2 — `kv_bytes_per_token_hf(hf, dtype_bytes=2)` (3 points)
@@ -395,8 +396,8 @@ for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b", "qwen3-0.6b", "deepseek
 #
 # Chapter 2 chose 16 tokens per block by weighing waste (about half a block per sequence, in bytes)
 # against overhead (one table entry, one kernel iteration and, for the prefix cache, one hash per
-# block). With about 4.7 times fewer bytes per token, a 16-token MLA block holds about a fifth of the
-# bytes a Llama-3-70B block does, while the per-block overheads stay the same: the balance moves
+# block). With several times fewer bytes per token, a 16-token MLA block holds a fraction of the
+# bytes a Llama-3-70B block does (the cell prints both), while the per-block overheads stay the same: the balance moves
 # toward larger blocks. The cell prints, with the engine's reference numbers, the bytes of a block, the
 # table entries of one sequence of $2^{20}$ (about a million) tokens, and the mean waste per sequence
 # (half a block) for both models; the figure draws the first two against the block size (the dotted

@@ -86,3 +86,18 @@ def test_a_stub_behind_another_error_is_named_too(shell, capsys):
     ok, shown = run(shell, "def kernel():\n    raise NotImplementedError()\n\ntry:\n    kernel()\n"
                            "except NotImplementedError as e:\n    raise RuntimeError('wrapped') from e", capsys)
     assert not ok and "✗ not written yet" in shown and "kernel (Cell In[" in shown and "Traceback" not in shown
+
+
+def test_an_untouched_answer_cell_says_it_is_yours_to_write(shell, capsys):
+    ok, shown = run(shell, "r1_answer = None\n# YOUR CODE HERE\nraise NotImplementedError()", capsys)
+    assert not ok and "✗ not written yet" in shown and "this cell is yours to write" in shown
+    assert "line 3" in shown and "an exercise above" not in shown and "Traceback" not in shown
+
+
+def test_a_kernel_stub_the_gpu_compiler_refuses_is_named_without_a_traceback(shell, capsys):
+    # On a GPU, Triton's compiler refuses the stub's `raise` with a CompilationError quoting the source.
+    ok, shown = run(shell, "class CompilationError(Exception):\n    pass\n\n"
+                           "raise CompilationError('at 3:4:\\n    raise NotImplementedError()\\n    ^')", capsys)
+    assert not ok and "✗ not written yet" in shown and "Triton kernel" in shown and "Traceback" not in shown
+    ok, shown = run(shell, "raise CompilationError('at 3:4: unsupported tensor index')", capsys)
+    assert not ok and "Traceback" in shown and "not written yet" not in shown

@@ -9,6 +9,7 @@ import pytest
 from engine.cache.slots import physical_slot
 from engine.cache.static import StaticKVCache as Reference
 from engine.checks import CheckFailed, ch01, ch02, own_work
+from engine.checks.ch08 import kv_bytes_reference
 from engine.config import kv_bytes_per_token as reference_kv_bytes
 from engine.course.grade import grade_notebook
 from engine.course.source import load_chapter
@@ -27,6 +28,10 @@ def kv_bytes_per_token(config, dtype_bytes=2):
 
 def own_kv_bytes(config, dtype_bytes=2):
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes
+
+
+def kv_bytes_per_token_hf(hf, dtype_bytes=2):      # chapter 8's exercise, through the checks' own answer
+    return kv_bytes_reference(hf, dtype_bytes)
 
 
 class BySuper(Reference):
@@ -56,6 +61,7 @@ class SetupOnly(Reference):
     (BySuper, "your BySuper.update calls the engine's reference (super().update(...))"),
     (ByName, "your ByName.update calls the engine's reference (Reference.update(...))"),
     (Bound, "Bound.update is the engine's own StaticKVCache.update"),
+    (kv_bytes_per_token_hf, "calls the engine's reference (kv_bytes_reference(...))"),
 ])
 def test_the_reference_handed_back_is_named(as_notebook, value, says):
     why = own_work.borrowed(value, "ch01", from_cell=True)

@@ -238,9 +238,11 @@ def _edition_stub(error: BaseException) -> bool:
 
 def _refuse_the_reference(check_name: str, chapter: str, values, from_cell: bool) -> None:
     """Fail at once when a function or class handed to the check is the engine's reference of the
-    chapter, or calls it (see own_work)."""
+    chapter, or calls it (see own_work). An object of the grader's host (a Remote) is not screened here."""
     from engine.checks.own_work import borrowed
     for value in values:
+        if hasattr(type(value), "call_there"):
+            continue
         if isinstance(value, (type, types.FunctionType)) and (why := borrowed(value, chapter, from_cell)):
             raise CheckFailed(f"{check_name}: {why}. Hint: this exercise must be your own code, and make grade "
                               f"gives it 0 points: write its body without the engine's version")
@@ -429,10 +431,25 @@ def _stub_error(error: BaseException) -> NotImplementedError | None:
     return None
 
 
+def _uncompiled_stub(error: BaseException) -> bool:
+    """Triton's compiler refusing a kernel whose body is still the stub's `raise NotImplementedError()`
+    (on a GPU; the interpreter raises the NotImplementedError itself)."""
+    seen = 0
+    while error is not None and seen < 8:
+        if type(error).__name__ == "CompilationError" and "NotImplementedError" in str(error):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 def not_written_lines(error: BaseException, tb, cell_name: Callable[[str], str | None]) -> list[str] | None:
     """What a cell shows when it ran a stub of the learner's (a "With your code" cell before its
     exercise is written): one line naming the stub, not a traceback through the engine or Triton.
     None when it is not that (an error of the engine's own, with a message: its traceback is kept)."""
+    if _uncompiled_stub(error):
+        return [f"{_RED}{_BOLD}✗ not written yet{_RESET}"] + _wrapped(
+            "a Triton kernel this cell launches still has its `raise NotImplementedError()` (on a GPU the "
+            "compiler refuses a `raise`): write that exercise above, run its cell, then this one again.")
     stub = _stub_error(error)
     if stub is None:
         return None

@@ -14,9 +14,13 @@ import functools
 import importlib
 import inspect
 import linecache
+import os
 import sys
 import textwrap
 import types
+
+
+CHECKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @functools.cache
@@ -77,8 +81,9 @@ def _resolve(node: ast.expr, function, owner: type | None):
 
 
 def _borrowed_call(function, owner: type | None, taught: frozenset) -> str | None:
-    """The source text of a call in `function` to the taught engine body of its own name, if any (the
-    grader's run refuses exactly that: its engine's name for the body runs the learner's again)."""
+    """The source text of a call in `function` to the taught engine body of its own name (the grader's
+    engine has the learner's own there, so the call would come back), or to anything of the checks
+    (the grader refuses those calls too), if any."""
     code = function.__code__
     lines = linecache.getlines(code.co_filename)    # a notebook cell's text is there (IPython puts it)
     try:
@@ -87,7 +92,8 @@ def _borrowed_call(function, owner: type | None, taught: frozenset) -> str | Non
         return None
     for node in ast.walk(tree):
         code = _code(_resolve(node.func, function, owner)) if isinstance(node, ast.Call) else None
-        if code in taught and code.co_name == function.__name__:
+        if (code in taught and code.co_name == function.__name__) or (
+                isinstance(code, types.CodeType) and os.path.abspath(code.co_filename).startswith(CHECKS_DIR)):
             return ast.unparse(node.func)
     return None
 
@@ -98,8 +104,6 @@ def borrowed(value, chapter: str, from_cell: bool) -> str | None:
     words; None when it is not. The engine's own object counts only when a cell hands it over (the
     course's tests hand the reference to the checks on purpose)."""
     taught = taught_code(chapter)
-    if not taught:
-        return None
     name = getattr(value, "__qualname__", getattr(value, "__name__", "it"))
     if isinstance(value, type):
         members = [(klass, key, member) for klass in value.__mro__ if klass.__module__ == value.__module__
