@@ -350,6 +350,9 @@ def autograde(submissions: Path, course_dir: Path, chapters: list[Path],
               progress=print, limits=None) -> dict[str, Path]:
     """Run the whole instructor path; {what: where} for each output. Submissions that could not be graded
     are listed in course/not-graded.json (see not_graded())."""
+    why = folders_refusal(submissions, course_dir)
+    if why:                                 # before anything is written: the course folder is rewritten
+        raise SystemExit(f"autograde: {why}")
     course_dir = course_dir.resolve()
     hide = [submissions.resolve()]
     prepare_course(course_dir, chapters, timeout, sandbox, hide)
@@ -426,15 +429,45 @@ def add_flags(grades_csv: Path, flags_dir: Path) -> None:
     finish_grades(grades_csv, flags_dir, ids)
 
 
+def has_submissions(submissions: Path) -> bool:
+    """Whether collect() would find anything in SUBMISSIONS: a student folder holding a *.ipynb entry,
+    or an entry it reports as not gradable (a stray file, a link, a name that is not UTF-8)."""
+    for entry in submissions.iterdir():
+        try:
+            entry.name.encode("utf-8")
+            if entry.is_symlink() or not entry.is_dir() or any(p.name.endswith(".ipynb") for p in entry.iterdir()):
+                return True
+        except (UnicodeEncodeError, OSError):
+            return True
+    return False
+
+
+def folders_refusal(submissions: Path, course_dir: Path) -> str:
+    """Why SUBMISSIONS and --course cannot be used together ('' when they can): autograde rewrites the
+    course directory (its submitted/, source/, sandbox/ ...), so neither may hold the other."""
+    subs, course = submissions.resolve(), course_dir.resolve()
+    if subs == course:
+        return f"SUBMISSIONS {submissions} is the --course folder {course_dir}; autograde rewrites that folder"
+    if subs.is_relative_to(course):
+        return f"SUBMISSIONS {submissions} is inside --course {course_dir}; autograde rewrites that folder"
+    if course.is_relative_to(subs):
+        return (f"--course {course_dir} is inside SUBMISSIONS {submissions}; autograde would grade its own "
+                "course directory as a student")
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Autograde SUBMISSIONS into the course directory and print where the outputs are; exit 1 (with a
-    one-line summary) when some submission could not be graded."""
+    one-line summary) when some submission could not be graded. A bad argument (an empty or missing
+    SUBMISSIONS, one that overlaps --course, a --solutions without chapters, --sandbox required where
+    there is no sandbox) is refused in one line, exit 2, before anything is written."""
     from .sandbox import Limits
+    from .write_guard import folder_refusal
     root = repo_root()
     from engine import cli_args
     parser = cli_args.Parser(prog="python -m engine.course.autograde", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("submissions", type=Path, help="folder of <student_id>/<chNN_topic>.ipynb")
+    parser.add_argument("submissions", help="folder of <student_id>/<chNN_topic>.ipynb")
     parser.add_argument("--course", type=Path, default=root / "course", help="nbgrader course directory")
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
     parser.add_argument("--timeout", type=cli_args.positive_int, default=AUTOGRADE_CELL_TIMEOUT,
@@ -446,11 +479,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
                         help="bubblewrap sandbox per submission (auto: when it works here)")
     args = parser.parse_args(argv)
-    if not args.submissions.is_dir():
-        parser.error(f"{args.submissions} is not a folder (expected <student_id>/<chNN_topic>.ipynb inside)")
+    if not args.submissions.strip():
+        parser.error("SUBMISSIONS is empty: name the folder of <student>/<chNN_topic>.ipynb "
+                     "(make autograde SUBMISSIONS=dir)")
+    submissions = Path(args.submissions)
+    if not submissions.is_dir():
+        parser.error(f"{submissions} is not a folder (expected <student_id>/<chNN_topic>.ipynb inside)")
+    why = folder_refusal("--course", args.course, root=root) or folders_refusal(submissions, args.course)
+    if why:
+        parser.error(why)
+    if not args.solutions.is_dir():
+        parser.error(f"--solutions {args.solutions} is not a folder of chapter sources (chNN_topic.py)")
     chapters = chapter_files(args.solutions)
+    if not chapters:
+        parser.error(f"--solutions {args.solutions} holds no chapter source (chNN_topic.py)")
+    if not has_submissions(submissions):
+        parser.error(f"SUBMISSIONS {submissions} holds no submission: expected "
+                     f"{submissions}/<student_id>/<chNN_topic>.ipynb")
+    if args.sandbox == "required":
+        from .sandbox import available
+        usable, why = available()
+        if not usable:
+            parser.error(f"--sandbox required, but there is no working sandbox here: {why}")
     started = time.monotonic()
-    outputs = autograde(args.submissions, args.course, chapters, args.timeout, args.jobs, args.sandbox,
+    outputs = autograde(submissions, args.course, chapters, args.timeout, args.jobs, args.sandbox,
                         limits=Limits(notebook_seconds=args.notebook_timeout))
     elapsed = time.monotonic() - started
     faults = not_graded(outputs["course directory"])
