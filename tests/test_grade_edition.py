@@ -119,4 +119,7 @@ def test_edition_refuses_to_replace_a_folder_it_did_not_write(tmp_path):
     assert (tmp_path / "mine.txt").read_text() == "an instructor's notes"
     done = subprocess.run([sys.executable, "-m", "engine.course.edition", "--chapters", "ch02", "--out",
                            str(tmp_path)], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode != 0 and "add --force" in done.stderr and (tmp_path / "mine.txt").exists()
+    assert done.returncode != 0 and "name an empty or new folder" in done.stderr and (tmp_path / "mine.txt").exists()
+    done = subprocess.run([sys.executable, "-m", "engine.course.edition", "--chapters", "ch02", "--out",
+                           str(tmp_path), "--force"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 2 and "--force or not" in done.stderr and (tmp_path / "mine.txt").exists()

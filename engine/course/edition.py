@@ -174,10 +174,40 @@ A check of an early exercise that runs the engine through a later exercise of th
 """
 
 
-def parse_list(text: str | None) -> list[str]:
-    """'ch02,ch03' or 'ch02 ch03' -> ['ch02', 'ch03'] (chNN ids or chNN_topic names)."""
+def parse_list(text: str | None, names: dict[str, str] | None = None, option: str = "--chapters") -> list[str]:
+    """'ch02,ch03' or 'ch02 ch03' -> ['ch02', 'ch03']: chNN ids, or whole chNN_topic names.
+
+    With `names` ({chapter id: chNN_topic name} of solutions/), a chNN_topic must be one of them exactly
+    (a typo such as ch02_typo_here is refused, not cut down to ch02), and a name given twice is refused.
+    Without it, a chNN_topic is only cut down to its id (build() then checks the ids)."""
     parts = (text or "").replace(",", " ").split()
-    return [part[:4] if re.match(r"ch\d\d(_|$)", part) else part for part in parts]
+    ids: list[str] = []
+    for part in parts:
+        exact = re.fullmatch(r"ch\d\d", part) or (names is not None and part in names.values())
+        if names is not None and not exact and re.match(r"ch\d\d", part):
+            raise SystemExit(f"{option}: no chapter {part!r} in solutions/ (have "
+                             f"{', '.join(sorted(names.values()))}; or give its id, e.g. {part[:4]})")
+        ident = part[:4] if re.match(r"ch\d\d(_|$)", part) else part
+        if names is not None and ident in ids:
+            raise SystemExit(f"{option}: {ident} is given twice ({text!r}): give each chapter once")
+        ids.append(ident)
+    return ids
+
+
+def unlock_refusal(chapters: list[str], unlock: list[str]) -> str:
+    """Why handing out `chapters` with `unlock` would ship answers still due ('' when it would not).
+
+    A chapter in both is handed out with its reference bodies in engine/: right once its deadline has
+    passed and a later chapter is handed out to work on (CHAPTERS=ch02,ch03 UNLOCK=ch02), wrong when no
+    later chapter of the edition is still locked (CHAPTERS=ch02 UNLOCK=ch02 hands out ch02's answers)."""
+    locked = [c for c in chapters if c not in unlock]
+    for chapter in sorted(set(chapters) & set(unlock)):
+        if not any(later > chapter for later in locked):
+            return (f"--unlock {chapter} is also in --chapters, and no later chapter of the edition is locked: "
+                    f"the edition would hand out {chapter} with its reference answers in engine/ (unlock a "
+                    "chapter once its deadline has passed and hand out the next, e.g. CHAPTERS=ch02,ch03 "
+                    "UNLOCK=ch02; or leave it out of --unlock)")
+    return ""
 
 
 def taught(chapter_path: Path) -> list[tuple[str, str]]:
@@ -301,13 +331,19 @@ def host_engine(chapter_path: Path, root: Path | None = None) -> Path | None:
 MARK = ".student-edition"      # in every folder build() writes: the one kind it may replace
 
 
-def check_out(out: Path, force: bool) -> None:
-    """Refuse to replace a folder that holds anything but an earlier student edition (unless force)."""
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"--out {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARK).is_file() and not force:
-        raise SystemExit(f"--out {out} is a folder that holds files this command did not write: name an "
-                         "empty or new folder, or add --force to replace what is in it")
+def check_out(out: Path, force: bool = False, root: Path | None = None) -> None:
+    """Refuse, before anything is written, an --out that is the repository, a folder above it or inside
+    its sources (engine/ would be copied into itself), a file, or a folder that holds anything but an
+    earlier student edition (its MARK file): build() empties --out first, and --force does not change
+    that (it is kept so that old scripts run)."""
+    from .write_guard import folder_refusal
+    why = folder_refusal("--out", out, root=root)
+    if why:
+        raise SystemExit(why)
+    if out.is_dir() and any(out.iterdir()) and not (out / MARK).is_file():
+        raise SystemExit(f"--out {out} is a folder that holds files this command did not write (no {MARK} in "
+                         "it), and it would be emptied first" + (", --force or not" if force else "")
+                         + ": name an empty or new folder")
 
 
 def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None = None,
@@ -321,9 +357,15 @@ def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None =
                          f"(have {', '.join(sorted(every))})")
     if not chapters:
         raise SystemExit("name the chapters to hand out: CHAPTERS=ch02,ch03")
-    check_out(out, force)
+    check_out(out, force, root)
+    why = unlock_refusal(chapters, unlock)
+    if why:
+        raise SystemExit(why)
     shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    try:
+        out.mkdir(parents=True)
+    except OSError as error:
+        raise SystemExit(f"--out {out}: cannot create it: {error.strerror or error}") from None
     (out / MARK).write_text("written by python -m engine.course.edition; it may replace this folder\n")
     write_engine(out, root, every, unlock)
     for name in ("pyproject.toml", "requirements.txt", "constraints.txt"):
@@ -334,9 +376,11 @@ def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None =
         if checks.stem[:4] not in keep:
             checks.unlink()  # the checks of chapters not handed out yet
     released = [every[c] for c in sorted(set(chapters))]
-    work = out.parent / f".{out.name}-release"
-    release(released, out / "course", work)
-    shutil.rmtree(work, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-release-"))   # only ever ours to delete
+    try:
+        release(released, out / "course", work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     (out / "course" / "README.md").unlink(missing_ok=True)
     shutil.copytree(out / "course", out / "notebooks")
     (out / "Makefile").write_text(EDITION_MAKEFILE)
@@ -346,17 +390,26 @@ def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None =
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Build the student edition; a bad argument is refused in one line, exit 2, before anything is written."""
     from engine import cli_args
+
+    from .write_guard import path_text
     parser = cli_args.Parser(prog="python -m engine.course.edition", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chapters", required=True, help="chapters to hand out, e.g. ch02,ch03")
-    parser.add_argument("--unlock", default="", help="chapters whose reference stays (deadline passed)")
-    parser.add_argument("--out", type=Path, default=repo_root() / "build" / "student-edition",
-                        help="the folder to write (new, empty, or an earlier edition)")
-    parser.add_argument("--force", action="store_true", help="replace --out even if it holds other files")
+    parser.add_argument("--chapters", required=True, help="chapters to hand out, e.g. ch02,ch03 (chNN or the "
+                        "whole chNN_topic name)")
+    parser.add_argument("--unlock", default="", help="chapters whose reference stays (deadline passed); a "
+                        "chapter also handed out needs a later, locked one in --chapters")
+    parser.add_argument("--out", type=path_text("--out"), default=repo_root() / "build" / "student-edition",
+                        help="the folder to write (new, empty, or an earlier edition); never the repository, "
+                        "a folder above it, or one inside its engine/, solutions/, notebooks/, book/, tests/")
+    parser.add_argument("--force", action="store_true", help="kept for old scripts: a folder holding files this "
+                        "command did not write is refused all the same")
     args = parser.parse_args(argv)
     try:
-        out = build(args.out, parse_list(args.chapters), parse_list(args.unlock), force=args.force)
+        names = {assignment_id(path): chapter_name(path) for path in chapter_files(repo_root() / "solutions")}
+        out = build(args.out, parse_list(args.chapters, names, "--chapters"),
+                    parse_list(args.unlock, names, "--unlock"), force=args.force)
     except SystemExit as refusal:               # a refused value: one line, exit 2, like every command
         if isinstance(refusal.code, str):
             parser.error(refusal.code)
