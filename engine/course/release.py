@@ -18,7 +18,8 @@ import nbformat
 
 from . import cells
 from .nbgrader_course import run_nbgrader, stage_sources, write_config
-from .paths import assignment_id, chapter_files, chapter_name, repo_root
+from .paths import CHAPTER_PATTERN, assignment_id, chapter_files, chapter_name, repo_root
+from .write_guard import SOURCES
 
 README = """# Notebooks: the learner edition
 
@@ -32,10 +33,49 @@ with `make grade` (or `make grade DIR=path/to/your/copies`).
 """
 
 
-def release(chapters: list[Path], out_dir: Path, work_dir: Path) -> list[Path]:
-    """Write the learner edition of `chapters` into out_dir (plus README.md); the notebooks written."""
+SCRATCH_MARK = "written by engine/course/nbgrader_course.py"   # first line of a scratch course's config
+
+
+def work_refusal(work_dir: Path) -> str:
+    """Why `work_dir` may not be emptied and used as the scratch course ('' when it may): it must be new,
+    empty, or a scratch course an earlier release wrote (its nbgrader_config.py says so)."""
+    if work_dir.exists() and not work_dir.is_dir():
+        return f"--work {work_dir} is a file, not a folder"
+    if not work_dir.is_dir() or not any(work_dir.iterdir()):
+        return ""
+    config = work_dir / "nbgrader_config.py"
+    try:
+        first = config.read_text().split("\n", 1)[0] if config.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        first = ""
+    if SCRATCH_MARK in first:
+        return ""
+    return (f"--work {work_dir} holds files release did not write (no nbgrader_config.py of its own): it is "
+            "emptied first, so name a new or empty folder")
+
+
+def is_full_release(chapters: list[Path]) -> bool:
+    """Whether `chapters` are every chapter of the one folder they come from (then notebooks of chapters
+    no longer there are stale, and a release removes them)."""
+    folders = {Path(c).resolve().parent for c in chapters}
+    if len(folders) != 1:
+        return False
+    return {Path(c).resolve() for c in chapters} == {p.resolve() for p in chapter_files(folders.pop())}
+
+
+def release(chapters: list[Path], out_dir: Path, work_dir: Path, prune: bool | None = None) -> list[Path]:
+    """Write the learner edition of `chapters` into out_dir (plus README.md); the notebooks written.
+
+    `prune` removes out_dir's other ch*.ipynb (a chapter removed from solutions/ leaves no learner
+    notebook behind); by default only on a full release (every chapter of their folder), so releasing
+    one chapter into notebooks/ keeps the others. work_dir is emptied first: it must be new, empty or an
+    earlier scratch course (work_refusal)."""
     if not chapters:
         raise SystemExit("no chapters: expected solutions/chNN_topic.py files")
+    why = work_refusal(work_dir)
+    if why:
+        raise SystemExit(why)
+    prune = is_full_release(chapters) if prune is None else prune
     shutil.rmtree(work_dir, ignore_errors=True)
     write_config(work_dir)
     stage_sources(work_dir, chapters)
@@ -50,9 +90,11 @@ def release(chapters: list[Path], out_dir: Path, work_dir: Path) -> list[Path]:
         target = out_dir / f"{name}.ipynb"
         target.write_text(normalized_json(released))
         written.append(target)
-    for stale in set(out_dir.glob("ch*.ipynb")) - set(written):
-        stale.unlink()  # a chapter removed from solutions/ leaves no learner notebook behind
-    listing = "\n".join(f"- `{path.name}`" for path in written)
+    if prune:
+        for stale in set(out_dir.glob("ch*.ipynb")) - set(written):
+            stale.unlink()  # a chapter removed from solutions/ leaves no learner notebook behind
+    listed = sorted(set(written) | set(out_dir.glob("ch*.ipynb")), key=lambda path: path.name)
+    listing = "\n".join(f"- `{path.name}`" for path in listed)
     (out_dir / "README.md").write_text(README.format(chapters=listing))
     return written
 
@@ -72,18 +114,61 @@ def normalized_json(notebook) -> str:
     return nbformat.writes(notebook).rstrip("\n") + "\n"
 
 
+def chapter_refusal(path_text: str) -> str:
+    """Why a CHAPTER argument is not a chapter source ('' when it is one)."""
+    if not path_text.strip():
+        return "CHAPTER '' is empty: name a chapter source, e.g. solutions/ch02_block_tables.py"
+    path = Path(path_text)
+    if path.is_dir():
+        return f"CHAPTER {path_text} is a folder: name the chapter sources in it (solutions/chNN_topic.py)"
+    if path.suffix != ".py" or not CHAPTER_PATTERN.match(path.stem):
+        return f"CHAPTER {path_text} is not a chapter source: expected a file named chNN_topic.py"
+    if not path.is_file():
+        return f"CHAPTER {path_text} does not exist"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Regenerate notebooks/ from solutions/ (or --out DIR from the given chapter files)."""
+    """Regenerate notebooks/ from solutions/ (or --out DIR from the given chapter files).
+
+    Naming chapters releases only those: the other notebooks in --out stay. A bad argument (a CHAPTER
+    that is no chapter source or is given twice, an --out or --work that is a file, the repository or
+    one of its sources, a --work holding files release did not write) is refused in one line, exit 2,
+    before anything is written."""
+    from .write_guard import folder_refusal, path_text
     root = repo_root()
     from engine import cli_args
     parser = cli_args.Parser(prog="python -m engine.course.release", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("chapters", nargs="*", type=Path, help="chapter sources (default: solutions/ch*.py)")
-    parser.add_argument("--out", type=Path, default=root / "notebooks", help="where the notebooks go")
-    parser.add_argument("--work", type=Path, default=root / "build" / "release-course",
-                        help="scratch nbgrader course directory (deleted first)")
+    parser.add_argument("chapters", nargs="*", help="chapter sources (default: solutions/ch*.py; naming some "
+                        "releases only those, the other notebooks in --out stay)")
+    parser.add_argument("--out", type=path_text("--out"), default=root / "notebooks",
+                        help="where the notebooks go")
+    parser.add_argument("--work", type=path_text("--work"), default=root / "build" / "release-course",
+                        help="scratch nbgrader course directory (emptied first: new, empty, or an earlier one)")
     args = parser.parse_args(argv)
-    for path in release(args.chapters or chapter_files(root / "solutions"), args.out, args.work):
+    seen: dict[Path, str] = {}
+    for text in args.chapters:
+        why = chapter_refusal(text)
+        if why:
+            parser.error(why)
+        first = seen.get(Path(text).resolve())
+        if first is not None:
+            also = f" (as {first} too)" if first != text else ""
+            parser.error(f"CHAPTER {text} is given twice{also}: give each chapter once")
+        seen[Path(text).resolve()] = text
+    why = (folder_refusal("--out", args.out, root=root, sources=tuple(s for s in SOURCES if s != "notebooks"))
+           or folder_refusal("--work", args.work, root=root) or work_refusal(args.work))
+    if why:
+        parser.error(why)
+    chapters = [Path(text) for text in args.chapters] or chapter_files(root / "solutions")
+    try:
+        written = release(chapters, args.out, args.work)
+    except SystemExit as refusal:               # a refused value: one line, exit 2, like every command
+        if isinstance(refusal.code, str):
+            parser.error(refusal.code)
+        raise
+    for path in written:
         print(f"wrote {path}")
     return 0
 
