@@ -143,9 +143,49 @@ def stage(chapters: dict[str, object], stage_dir: Path, book_dir: Path) -> None:
         nbformat.write(notebook, stage_dir / "chapters" / f"{name}.ipynb")
 
 
+def out_refusal(out: Path, pdf: bool = False, root: Path | None = None) -> str:
+    """Why --out may not take the book ('' when it may), checked before any chapter runs: never the
+    repository, a folder above it or inside its sources (book/_build excepted); an HTML folder is replaced
+    whole, so it must be new, empty or an earlier HTML build (Sphinx's .buildinfo in it); a PDF is a
+    .pdf file that is new or a PDF already."""
+    from .write_guard import folder_refusal, refusal
+    root = (root or repo_root()).resolve()
+    allow = (root / "book" / "_build",)
+    if pdf:
+        why = refusal("--out", out, root=root, allow=allow)
+        if why:
+            return why
+        if out.is_dir():
+            return f"--out {out} is a folder: with --pdf, name the PDF file to write (e.g. {out / 'book.pdf'})"
+        if out.suffix.lower() != ".pdf":
+            return f"--out {out} does not end in .pdf: with --pdf, name the PDF file to write"
+        if out.exists():
+            try:
+                with out.open("rb") as handle:
+                    is_pdf = handle.read(5) == b"%PDF-"
+            except OSError:
+                is_pdf = False
+            if not is_pdf:
+                return f"--out {out} is a file that is not a PDF: it would be overwritten; name a new file"
+        return folder_refusal("--out", out.parent, root=root, allow=allow)
+    why = folder_refusal("--out", out, root=root, allow=allow)
+    if why:
+        return why
+    if out.is_dir() and any(out.iterdir()) and not (out / ".buildinfo").is_file():
+        return (f"--out {out} holds files that are not an earlier HTML build of the book (no .buildinfo): it "
+                "would be replaced whole, so name a new or empty folder")
+    return ""
+
+
 def build_html(stage_dir: Path, out_html: Path, builder: str = "html") -> Path:
     """jupyter-book build of stage_dir (builder "html", or "singlehtml": the whole book as one page),
-    copied to out_html; raises with the log if the build fails."""
+    copied to out_html, which is replaced whole (never the repository, a folder above it or one of its
+    sources: write_guard.refusal); raises with the log if the build fails."""
+    from .write_guard import refusal
+    root = repo_root()
+    why = refusal("out_html", out_html, root=root, allow=(root / "book" / "_build",))
+    if why:
+        raise ValueError(why)
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     command = [str(jupyter_book), "build", str(stage_dir), "--builder", builder, "--keep-going"]
     result = subprocess.run(command, env=venv_environ(), capture_output=True, text=True)
@@ -274,18 +314,28 @@ def main(argv: list[str] | None = None) -> int:
     """Execute the chapters and build the learner (or --instructor) edition of the book."""
     root = repo_root()
     from engine import cli_args
+
+    from .write_guard import path_text
     parser = cli_args.Parser(prog="python -m engine.course.book", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instructor", action="store_true", help="show the solutions")
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
     parser.add_argument("--pdf", action="store_true", help="the learner edition as one PDF (Chromium prints "
                         "the single-page build; default book/_build/pdf/book.pdf)")
-    parser.add_argument("--out", type=Path, help="where the HTML goes "
-                        "(default book/_build/html, or book/_build/instructor-html)")
+    parser.add_argument("--out", type=path_text("--out"), help="where the HTML goes (default book/_build/html, "
+                        "or book/_build/instructor-html; new, empty or an earlier build: it is replaced whole), "
+                        "or with --pdf the .pdf file")
     args = parser.parse_args(argv)
+    if args.pdf and args.instructor:
+        parser.error("--instructor does not apply to --pdf: the PDF is the learner edition (make "
+                     "book-instructor builds the instructor edition as HTML)")
     chapters = chapter_files(args.solutions)
     if not chapters:
         parser.error(f"no chapters (chNN_topic.py) in {args.solutions}")
+    if args.out is not None:                   # before minutes of executing chapters, not after
+        why = out_refusal(args.out, pdf=args.pdf, root=root)
+        if why:
+            parser.error(why)
     if args.pdf and chromium_executable() is None:
         parser.error(f"make book-pdf {CHROMIUM_HINT}")
     executed = execute_all(chapters, root / "build" / "book" / "run")
