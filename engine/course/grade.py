@@ -379,12 +379,14 @@ def format_table(grades: list[ChapterGrade], notes: list[str], width: int | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Grade DIR (default notebooks/) and print the table (or --json); exit 0 whatever the score."""
+    """Grade DIR (default notebooks/) and print the table (or --json); exit 0 whatever the score, once at
+    least one chapter notebook was graded (chapters without a notebook are noted). Nothing to grade (no
+    chapter notebook in DIR, an empty DIR, a --solutions without chapters) is refused in one line, exit 2."""
     root = repo_root()
     from engine import cli_args
     parser = cli_args.Parser(prog="python -m engine.course.grade", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dir", nargs="?", type=Path, default=root / "notebooks",
+    parser.add_argument("dir", nargs="?", default=str(root / "notebooks"),
                         help="folder of chNN_topic.ipynb notebooks (default: notebooks/)")
     parser.add_argument("--solutions", type=Path, default=root / "solutions", help="the chapter sources")
     parser.add_argument("--timeout", type=cli_args.positive_float,
@@ -395,8 +397,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)            # (argparse checks a default from the environment too)
     started = time.monotonic()
+    if not args.dir.strip():
+        parser.error("DIR is empty: name the folder of your chNN_topic.ipynb notebooks (make grade DIR=path), "
+                     "or leave DIR out for notebooks/")
+    args.dir = Path(args.dir)
     if not args.dir.is_dir():
         parser.error(f"{args.dir} is not a folder of notebooks")
+    if not args.solutions.is_dir():
+        parser.error(f"--solutions {args.solutions} is not a folder of chapter sources (chNN_topic.py)")
+    chapters = [chapter_name(path) for path in chapter_files(args.solutions)]
+    if not chapters:
+        parser.error(f"--solutions {args.solutions} holds no chapter (chNN_topic.py, or a student edition's "
+                     "chNN_topic.ipynb)")
+    if not any((args.dir / f"{name}.ipynb").exists() for name in chapters):
+        parser.error(f"{args.dir} holds no chapter notebook: nothing to grade (expected one of "
+                     f"{', '.join(name + '.ipynb' for name in chapters)})")
     grades, notes = grade_directory(args.dir, args.solutions, args.timeout, args.jobs)
     if args.json:
         print(json.dumps({"chapters": [dict(asdict(g), earned=g.earned, possible=g.possible, manual=g.manual)
