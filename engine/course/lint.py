@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import cells
 from .include import IncludeError
-from .paths import chapter_files, chapter_name, repo_root
+from .paths import CHAPTER_PATTERN, chapter_files, chapter_name, repo_root
 from .source import load_chapter
 
 WIDTH = 88  # columns of code the book's text column shows without wrapping (book/_static/course.css)
@@ -266,17 +266,35 @@ def executed_output_problems(paths: list[Path], folder: Path) -> tuple[list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Lint the given chapter files (default: all of solutions/); exit 1 if any rule is broken."""
+    """Lint the given chapter files (default: all of solutions/); exit 1 if any rule is broken, 2 (one
+    `error:` line, nothing linted) for a bad argument: a CHAPTER that is not a chapter source file, or an
+    --outputs that is not a folder."""
     from engine import cli_args
     parser = cli_args.Parser(prog="python -m engine.course.lint", description=__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("chapters", nargs="*", type=Path, help="chapter sources (default: solutions/ch*.py)")
-    parser.add_argument("--outputs", type=Path, default=repo_root() / "build" / "book" / "executed",
+                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                             epilog="Exit status: 0 every rule holds, 1 a rule is broken, 2 a bad argument.")
+    parser.add_argument("chapters", nargs="*", help="chapter sources (default: solutions/ch*.py)")
+    parser.add_argument("--outputs", type=Path, default=None,
                         help="the chapters as make book executed them (default: build/book/executed)")
     args = parser.parse_args(argv)
-    paths = args.chapters or chapter_files()
+    for text in args.chapters:
+        path = Path(text)
+        if not text.strip():
+            parser.error("CHAPTER '' is empty: name a chapter source, e.g. solutions/ch02_block_tables.py")
+        if path.is_dir():
+            parser.error(f"CHAPTER {text} is a folder: name the chapter sources in it (solutions/chNN_topic.py)")
+        if path.suffix != ".py" or not CHAPTER_PATTERN.match(path.stem):
+            parser.error(f"CHAPTER {text} is not a chapter source: expected a file named chNN_topic.py")
+        if not path.is_file():
+            parser.error(f"CHAPTER {text} does not exist")
+    if args.outputs is not None and not args.outputs.is_dir():
+        parser.error(f"--outputs {args.outputs} is not a folder of executed chapters "
+                     f"({'a file' if args.outputs.exists() else 'it does not exist'}; make book writes "
+                     "build/book/executed)")
+    outputs = args.outputs or repo_root() / "build" / "book" / "executed"
+    paths = [Path(text) for text in args.chapters] or chapter_files()
     problems = [problem for path in paths for problem in lint_chapter(path)]
-    printed, notes = executed_output_problems(paths, args.outputs)
+    printed, notes = executed_output_problems(paths, outputs)
     for line in problems + printed + notes:
         print(line)
     print(f"{len(paths)} chapter(s), {len(problems) + len(printed)} problem(s)")
