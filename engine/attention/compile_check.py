@@ -27,9 +27,26 @@ from pathlib import Path
 
 import torch
 
-from engine.cli_args import Parser, int_in
+from engine.cli_args import Parser, shown
 
-ARCHES = {80: "A100", 89: "L4/L40", 90: "H100/H200"}
+ARCHES = {70: "V100", 75: "T4", 80: "A100", 86: "A10/RTX 30", 89: "L4/L40", 90: "H100/H200", 100: "B200",
+          120: "RTX 50"}
+# The NVIDIA compute capabilities (x 10) that exist and that this Triton compiles the kernels for; any other
+# number reaches LLVM as an unknown processor and aborts the process (sm_95), or fails inside it (sm_101).
+REAL_ARCHES = (70, 72, 75, 80, 86, 87, 89, 90, 100, 103, 110, 120)
+
+
+def arch(text: str) -> int:
+    """An argparse type: one of REAL_ARCHES."""
+    import argparse
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value not in REAL_ARCHES:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a GPU architecture Triton compiles for: one of "
+                                         f"{', '.join(map(str, REAL_ARCHES))} (compute capability x 10)")
+    return value
 
 
 def _compile_mode(arch: int, records: list[dict]) -> None:
@@ -144,8 +161,9 @@ def drive(quick: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Compile every variant for --arch; 1 if one fails."""
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", type=int_in(70, 120), default=90,
-                        help="compute capability x 10: 90 H100/H200 (default), 80 A100, 89 L4")
+    parser.add_argument("--arch", type=arch, default=90,
+                        help="compute capability x 10: 90 H100/H200 (default), 80 A100, 89 L4; one of "
+                        f"{', '.join(map(str, REAL_ARCHES))}")
     parser.add_argument("--quick", action="store_true", help="the engine's Qwen3-0.6B decode and prefill only")
     args = parser.parse_args(argv)
     records: list[dict] = []

@@ -277,13 +277,40 @@ def write(out: Path, record: dict) -> None:
     out.write_text(json.dumps(record, indent=1) + "\n")
 
 
+def out_path(given: Path | None) -> tuple[Path, str]:
+    """(the JSON file to write, why it cannot be: '' when it can) for --out, else $OUT, else build/."""
+    if given is None and os.environ.get("OUT", "").strip():     # an empty $OUT is no $OUT (make exports OUT=)
+        name, text = "$OUT", os.environ["OUT"]
+        folder = Path(text)
+        if folder.exists() and not folder.is_dir():
+            return folder, f"$OUT {text} is a file: it names the folder that holds gpu_check.json"
+        out = folder / "gpu_check.json"
+    else:
+        name, out = "argument --out:", given or default_out()
+        if out.is_dir() or (not out.suffix and not out.exists()):
+            out = out / "gpu_check.json"
+        elif out.exists() and not out.is_file():
+            return out, f"{name} {out} is not a regular file"
+        elif out.is_file() and out.suffix.lower() != ".json":
+            return out, f"{name} {out} is a file that does not end in .json: name a folder, or a .json file"
+    for parent in out.absolute().parents:     # the folders it makes must be makeable
+        if parent.exists():
+            if not parent.is_dir():
+                return out, f"{name} {given if given is not None else out}: {parent} is a file, not a folder"
+            break
+    return out, ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the GPU check; 0 when every part ran (or was skipped for want of CUDA), 1 when one failed."""
+    """Run the GPU check; 0 when every part ran (or was skipped for want of CUDA), 1 when one failed, 2 (one
+    `error:` line, before any part runs) for a bad argument."""
     p = Parser(prog="python -m engine.attention.gpu_check", description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=None, help="the JSON file, or a folder to hold gpu_check.json "
-                                                         "[$OUT/gpu_check.json, else build/gpu_check.json]")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, in order, from {','.join(PARTS)}")
-    p.add_argument("--chapters", default=None, help="notebooks: only these chapters (e.g. ch06,ch07)")
+    p.add_argument("--out", type=_path, default=None, help="the JSON file, or a folder to hold gpu_check.json "
+                                                          "[$OUT/gpu_check.json, else build/gpu_check.json]")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, in order, each once, from "
+                                                            f"{','.join(PARTS)}")
+    p.add_argument("--chapters", default=None, help="notebooks: only these chapters (e.g. ch06,ch07); needs "
+                                                    "notebooks in --parts")
     p.add_argument("--timeout", type=positive_int, default=600, help="seconds per part (per cell for notebooks)")
     p.add_argument("--dry-run", action="store_true", help="skip the GPU parts even where CUDA is present")
     try:
@@ -292,16 +319,40 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [name for name in parts if name not in PARTS]
         if unknown or not parts:
             p.error(f"argument --parts: {','.join(unknown) or repr(args.parts)} is not a list of {','.join(PARTS)}")
+        twice = sorted({name for name in parts if parts.count(name) > 1})
+        if twice:
+            p.error(f"argument --parts: {','.join(twice)} is given twice in {args.parts} (give each part once)")
+        chapters = None
+        if args.chapters is not None:
+            chapters = [name.strip() for name in args.chapters.split(",") if name.strip()]
+            if "notebooks" not in parts:
+                p.error(f"argument --chapters: {args.chapters} applies to the notebooks part, which --parts "
+                        f"{args.parts} leaves out")
+            from engine.course.paths import chapter_files
+            names = [path.stem for path in chapter_files(REPO / "solutions")]
+            missing = [c for c in chapters if not any(name.startswith(c) for name in names)]
+            if missing or not chapters:
+                p.error(f"argument --chapters: {','.join(missing) or repr(args.chapters)} names no chapter "
+                        f"(have {', '.join(names)})")
+            if len(set(chapters)) != len(chapters):
+                p.error(f"argument --chapters: {args.chapters} names a chapter twice (give each once)")
+        out, why = out_path(args.out)
+        if why:
+            p.error(why)
     except SystemExit as stop:
         return stop.code
-    out = args.out or default_out()
-    if out.is_dir() or not out.suffix:
-        out = out / "gpu_check.json"
-    chapters = args.chapters.split(",") if args.chapters else None
     record = run(out, parts, args.dry_run, args.timeout, chapters)
     print(json.dumps(record["summary"], indent=1))
     print(f"gpu_check: wrote {out}", file=sys.stderr)
     return 1 if record["summary"]["failed_parts"] else 0
+
+
+def _path(text: str) -> Path:
+    """An argparse type: a path that is not the empty text (which would be the current folder)."""
+    if not text.strip():
+        import argparse
+        raise argparse.ArgumentTypeError("'' is empty: name the JSON file or a folder for gpu_check.json")
+    return Path(text)
 
 
 if __name__ == "__main__":

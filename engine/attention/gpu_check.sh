@@ -10,7 +10,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
-[ -x "$PY" ] || PY=python3
+if [ ! -x "$PY" ]; then
+  PY=python3
+  if ! "$PY" -c "import torch" 2>/dev/null; then
+    echo "error: no .venv here and $PY has no torch: run make setup first (or install torch and triton for $PY)" >&2
+    exit 2
+  fi
+fi
 unset TRITON_INTERPRET  # compile the kernels; the interpreter is for machines without a GPU
 args=()
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then args=(--out "$1"); shift; fi
