@@ -155,8 +155,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from engine import cli_args as check
     parser.epilog = ("Limits: a prompt plus --max-tokens must fit the model's trained context "
                      "(max_position_embeddings in config.json; 4,096 for the tiny model); --max-tokens "
-                     "is at least 1; --temperature >= 0 and --top-p in (0, 1] are finite numbers; --top-k "
-                     ">= 0; --seed from 0 to 2**63 - 1. "
+                     "is at least 1; --temperature >= 0 and --top-p in (0, 1] are finite numbers (a --temperature "
+                     "below 1e-6 is greedy, like 0; the likeliest token is kept however small --top-p is); "
+                     "--top-k >= 0; --seed from 0 to 2**63 - 1. "
                      "A bad input prints one 'error: ...' line and exits with status 2.")
     parser.add_argument("--model", default="tiny", help="'tiny' (seeded, no download) or a checkpoint directory")
     parser.add_argument("--prompt", action="append", required=True, type=check.non_empty,
@@ -164,7 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=check.positive_int, default=32,
                         help="new tokens per prompt at most (1 to the context left after the prompt)")
     parser.add_argument("--temperature", type=check.nonneg_float, default=0.0,
-                        help="0 = greedy (a finite number >= 0)")
+                        help="0 = greedy (a finite number >= 0; below 1e-6 it is greedy too)")
     parser.add_argument("--top-k", type=check.nonneg_int, default=0,
                         help="sample among the k likeliest tokens (0 = all; a whole number >= 0)")
     parser.add_argument("--top-p", type=check.fraction, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")

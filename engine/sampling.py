@@ -11,6 +11,9 @@ from engine.errors import InputError
 
 # What torch.Generator.manual_seed takes: a seed that does not fit is refused before anything runs.
 SEED_MIN, SEED_MAX = -2 ** 63, 2 ** 64 - 1
+# A temperature below this samples greedily (the argmax): softmax(logits / T) is then one-hot to float
+# precision, and logits / T itself overflows float32 (to inf, then nan) once T is near 1e-38.
+GREEDY_BELOW = 1e-6
 
 
 def check_seed(seed, what: str = "seed", count: int = 1) -> None:
@@ -22,7 +25,8 @@ def check_seed(seed, what: str = "seed", count: int = 1) -> None:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request picks tokens. temperature 0 is greedy; a seed makes sampling reproducible."""
+    """How one request picks tokens. temperature 0 (or below GREEDY_BELOW = 1e-6) is greedy; a seed makes
+    sampling reproducible."""
 
     temperature: float = 0.0
     top_k: int = 0              # 0 = no limit
@@ -48,6 +52,11 @@ class SamplingParams:
         if self.seed is not None:
             check_seed(self.seed, "SamplingParams: seed")
 
+    @property
+    def greedy(self) -> bool:
+        """Whether tokens are picked by argmax: temperature 0, or one so small that sampling is the argmax."""
+        return self.temperature < GREEDY_BELOW
+
     def generator(self) -> torch.Generator:
         """A private random stream for this request, so batching never changes its samples."""
         g = torch.Generator()
@@ -55,8 +64,9 @@ class SamplingParams:
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """Pick a token id from logits [vocab]: argmax when greedy, else temperature, top-k, top-p."""
-    if params.temperature == 0:
+    """Pick a token id from logits [vocab]: argmax when greedy (temperature below 1e-6), else temperature,
+    top-k, top-p (the likeliest token always stays, however small top_p is)."""
+    if params.greedy:
         return int(torch.argmax(logits))
     scores = logits.float().cpu() / params.temperature
     if params.top_k:
@@ -67,5 +77,6 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         probs = torch.softmax(sorted_scores, dim=-1)
         # drop a token when the tokens ranked above it already reach top_p (the first always stays)
         drop = probs.cumsum(-1) - probs >= params.top_p
+        drop[0] = False       # a top_p below float32's smallest number compares as 0: keep the first anyway
         scores[order[drop]] = float("-inf")
     return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
