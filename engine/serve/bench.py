@@ -62,9 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "least the mean pair)")
     parser.add_argument("--request-rate", type=check.positive_float, default=None, metavar="REQ_PER_S",
                         help="Poisson arrivals at this rate (> 0) on the engine clock [all requests at time 0]")
-    parser.add_argument("--prompt-len", type=check.positive_int, nargs=2, default=(20, 500), metavar=("MIN", "MAX"),
+    parser.add_argument("--prompt-len", type=check.positive_int, nargs=2, default=PROMPT_LEN, metavar=("MIN", "MAX"),
                         action=check.Ordered, help="prompt tokens, uniform (before --scale); 1 <= MIN <= MAX")
-    parser.add_argument("--output-len", type=check.positive_int, nargs=2, default=(10, 200), metavar=("MIN", "MAX"),
+    parser.add_argument("--output-len", type=check.positive_int, nargs=2, default=OUTPUT_LEN, metavar=("MIN", "MAX"),
                         action=check.Ordered, help="output tokens, uniform (before --scale); EOS is ignored; "
                                                    "1 <= MIN <= MAX")
     parser.add_argument("--scale", type=check.positive_float, default=None,
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the Max policy's slot length (>= 1; at least the longest request)")
     parser.add_argument("--block-size", type=check.positive_int, default=16,
                         help="tokens per paged block (>= 1; the paged pool must hold the longest request)")
-    parser.add_argument("--slots", type=check.positive_int, default=12,
+    parser.add_argument("--slots", type=check.positive_int, default=SLOTS,
                         help="real-run KV budget in Max slots (>= 1): bytes = slots * max-len * KV bytes per token")
     parser.add_argument("--token-budget", type=check.positive_int, default=None,
                         help="tokens per step (>= 1) [256 on CPU; 8192 simulated or on CUDA]")
@@ -83,15 +83,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which reservation policies to run (each once)")
     parser.add_argument("--prefix", action="store_true",
                         help="shared-system-prompt workload, prefix caching on vs off (all requests at time 0)")
-    parser.add_argument("--system-len", type=check.positive_int, default=256,
+    parser.add_argument("--system-len", type=check.positive_int, default=SYSTEM_LEN,
                         help="--prefix: shared prompt tokens (>= 1)")
-    parser.add_argument("--simulate", metavar="CONFIG", help="a config.json path or name in engine/configs")
+    parser.add_argument("--simulate", metavar="CONFIG", type=check.non_empty,
+                        help="a config.json path or name in engine/configs")
     parser.add_argument("--gpu", default=None, choices=list(GPUS),
                         help="GPU of the roofline, with --simulate or --device cuda [--simulate: H100-80GB; "
                              "--device cuda: the detected card]")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the real (not simulated) run executes")
-    parser.add_argument("--model-config", metavar="CONFIG", default=None,
+    parser.add_argument("--model-config", metavar="CONFIG", default=None, type=check.non_empty,
                         help="real run: a model of this config's shape with random weights (e.g. qwen3-0.6b) "
                              "[the tiny model cut to 1 layer and 2 heads]")
     parser.add_argument("--plot", metavar="PATH", type=check.output_file(*check.FIGURE_SUFFIXES),
@@ -100,6 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 MAX_REQUESTS = 100_000      # a million requests' prompts alone would fill gigabytes before the first step
+# Defaults that check_args compares with, to refuse an option the chosen mode would ignore.
+PROMPT_LEN, OUTPUT_LEN, SLOTS, SYSTEM_LEN = (20, 500), (10, 200), 12, 256
 
 
 def check_args(args) -> None:
@@ -115,6 +118,23 @@ def check_args(args) -> None:
     if args.prefix and args.workload != "uniform":
         refuse(f"--workload {args.workload} does not apply to --prefix, which serves its own shared-prompt "
                "workload: drop one of them")
+    lengths = [f"--{name.replace('_', '-')} {' '.join(map(str, getattr(args, name)))}"
+               for name, default in (("prompt_len", PROMPT_LEN), ("output_len", OUTPUT_LEN))
+               if tuple(getattr(args, name)) != default]
+    if args.prefix and lengths:
+        refuse(f"{lengths[0]} does not apply to --prefix, which serves its own shared-prompt workload "
+               "(--system-len, 16-64 own tokens, 16 outputs): drop one of them")
+    if args.prefix and list(args.kinds) != list(KINDS):
+        refuse(f"--kinds {' '.join(args.kinds)} does not apply to --prefix, which runs the paged cache only "
+               "(prefix caching on and off): drop one of them")
+    if not args.prefix and args.system_len != SYSTEM_LEN:
+        refuse(f"--system-len {args.system_len} applies to --prefix only: add --prefix or drop it")
+    if args.workload != "uniform" and lengths:
+        refuse(f"{lengths[0]} does not apply to --workload {args.workload}, which draws its own lengths "
+               "(fitted to the vLLM paper's means): drop one of them")
+    if args.simulate and args.slots != SLOTS:
+        refuse(f"--slots {args.slots} does not apply to --simulate, whose KV budget is what the GPU's memory "
+               "holds after the weights: drop one of them")
     if args.simulate and args.device != "cpu":
         refuse(f"--simulate models a GPU with a roofline clock; --device {args.device} is for a real run: drop one")
     if args.simulate and args.model_config:
