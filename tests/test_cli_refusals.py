@@ -18,6 +18,7 @@ import torch
 
 from engine.course import edition, grade, release
 from engine.sampling import SamplingParams, sample
+from fixtures.commands import run_command
 from fixtures.course_support import FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, REPO
 
 SENTINELS = ["book/intro.md", "notebooks/ch02_block_tables.ipynb", "notebooks/ch03_paged_cache.ipynb",
@@ -25,9 +26,8 @@ SENTINELS = ["book/intro.md", "notebooks/ch02_block_tables.ipynb", "notebooks/ch
 
 
 def run(module, *args, cwd, env=None, timeout=120):
-    """`python -m module args` in cwd; the finished process."""
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
+    """`python -m module args` in cwd (importing the copy's engine when cwd is the copy); the finished run."""
+    return run_command(module, *args, cwd=cwd, env=env, timeout=timeout)
 
 
 def assert_refused(done, *words):

@@ -22,6 +22,7 @@ from engine.errors import InputError
 from engine.generate import cached_step
 from engine.model import Qwen3Model
 from engine.sampling import SamplingParams
+from fixtures.commands import run_command
 from engine.serve.engine import Engine
 from engine.serve.scheduler import SchedulerConfig
 
@@ -373,8 +374,7 @@ def test_cached_step_checks_ids_before_reserving(model):
     ("engine.course.release", ["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_a_course_command_refuses_a_bad_value_in_one_line(module, args, words, tmp_path):
-    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=120)
+    done = run_command(module, *args, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert words in done.stderr, done.stderr
