@@ -248,7 +248,8 @@ for name, tokens, salt in (("A + X", a + x, None), ("B + X", b + x, None),
 #
 # * `attach(self, seq, prompt, salt=None, extra_keys=())` creates `seq` in the cache with the
 #   longest cached start of `prompt` already in its table, and returns how many tokens that reuses.
-#   An empty prompt is a `ValueError`.
+#   An empty prompt is a `ValueError`, raised before anything changes: no sequence created,
+#   nothing counted.
 #   * The reused start is a run of the prompt's blocks from the first: each is cached in
 #     `self.entries` under its key from `self.chain(prompt, salt, extra_keys)` *and* passes
 #     `self.matches(...)`. The first block that fails ends the run, since every later key is
@@ -332,7 +333,8 @@ ch05.check_remember(Remember)
 # owners or children change: the engine wraps the cache's allocator (`OwnerWatch`) so that every
 # `share` and `release` of a published block calls `refresh(entry)`, which asks your
 # `evictable(entry)` and puts the entry at the back of the line or takes it out. So `evict` only
-# ever takes the entry at the front (an `OrderedDict` hands it over in O(1): see its `popitem`).
+# ever takes the entry at the front, the `OrderedDict`'s first item, in O(1). (Its `popitem()`
+# without an argument takes the *last* item: say which end you want.)
 #
 # When an evicted entry's parent loses its last child, the parent becomes a leaf. It goes to the
 # *front* of the line (`refresh(parent, front=True)`): its chain was the least recently used one,
@@ -377,7 +379,7 @@ ch05.check_evict(Evict)
 #
 # The next check builds one `PrefixCache` from your four classes and plugs it into the engine's
 # scheduler over the engine's `PagedKVCache`. First it reruns the demo of section 5.1 through it,
-# which must prefill as few tokens and hold as few blocks as it did there. Then it serves a ragged batch (prompts of
+# which must print the same numbers as there (tokens prefilled, blocks in use). Then it serves a ragged batch (prompts of
 # $b-1$, $b$, $b+1$ and $2b+1$ tokens sharing one start, and $X$ after $A$ and after $B$), then a
 # second wave that hits the cache, fully cached block-aligned prompts included, each decoding 20
 # tokens in a pool small enough that the scheduler must evict cached blocks and preempt requests.

@@ -164,9 +164,11 @@ print(f"room for {margin} running sequences to cross into a new block at once")
 # * **Look up first.** `self.attach(seq)` creates `seq` in the cache, shares any cached prefix blocks
 #   and returns how many of its tokens are already computed. Only then is it known what the sequence
 #   still needs.
-# * **Room for the whole request, plus the margin.** It needs blocks for *every* token not yet
-#   computed, not just this step's: `self.cache.blocks_wanted(seq_id, tokens)` counts them (the copy
-#   of a shared last block included), and `self.margin()` is the margin of section 7.2.
+# * **Room for the rest of what it holds, plus the margin.** It needs blocks for *every* token of
+#   `seq.tokens` that `attach` did not reuse (the prompt, and any output a recompute left to redo),
+#   not just this step's, and not the output it may still generate:
+#   `self.cache.blocks_wanted(seq_id, tokens)` counts them (the copy of a shared last block
+#   included), and `self.margin()` is the margin of section 7.2.
 #   `self.make_room(blocks)` says whether that many are free, or can be freed by evicting cached
 #   blocks.
 # * **No room: undo.** `self.detach(seq)` takes the attach back, and nothing else may have changed.
@@ -258,10 +260,12 @@ print(f"engine default: preemption={config.preemption!r}, "
 #   victim. You need not handle an empty choice (the engine's `next(...)` would raise
 #   `StopIteration`).
 # * `preempt(seq)`: take `seq` out of `self.running` in the mode `self.preemption_mode(seq)` picks,
-#   as described above, and return the mode. The engine's helpers move the memory: `self.release(seq)`
-#   frees its blocks, `self.release(seq, swap=True)` swaps them out to host memory first, and
-#   `self.publish(seq)` offers its full blocks to the prefix cache (which only helps while they are
-#   still allocated). Afterwards:
+#   as described above, and return the mode. Choose the mode first: it depends on the sequence's
+#   progress. The engine's helpers move the memory: `self.release(seq)` frees its blocks,
+#   `self.release(seq, swap=True)` swaps them out to host memory first, and `self.publish(seq)` offers
+#   the full blocks of its first `seq.num_computed` tokens to the prefix cache. So publish before
+#   the release (the blocks are gone afterwards: the prefix cache raises `KeyError`) and before the
+#   progress is reset (at 0 it publishes nothing). Afterwards:
 #   * after a swap, it is `Status.SWAPPED` at the end of `self.swapped`, its `num_computed` kept and
 #     added to `self.swapped_tokens`;
 #   * after a recompute, it is `Status.WAITING` at the *front* of `self.waiting`, with nothing
