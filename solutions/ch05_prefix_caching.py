@@ -379,11 +379,11 @@ ch05.check_evict(Evict)
 #
 # The next check builds one `PrefixCache` from your four classes and plugs it into the engine's
 # scheduler over the engine's `PagedKVCache`. First it reruns the demo of section 5.1 through it,
-# which must print the same numbers as there (tokens prefilled, blocks in use). Then it serves a ragged batch (prompts of
-# $b-1$, $b$, $b+1$ and $2b+1$ tokens sharing one start, and $X$ after $A$ and after $B$), then a
-# second wave that hits the cache, fully cached block-aligned prompts included, each decoding 20
-# tokens in a pool small enough that the scheduler must evict cached blocks and preempt requests.
-# Every logit must equal a from-scratch run within $10^{-5}$.
+# which must print the same numbers as there (tokens prefilled, blocks in use). Then it serves a
+# ragged batch (prompts of $b-1$, $b$, $b+1$ and $2b+1$ tokens sharing one start, and $X$ after $A$
+# and after $B$), then a second wave that hits the cache, fully cached block-aligned prompts
+# included, each decoding 20 tokens in a pool small enough that the scheduler must evict cached
+# blocks and preempt requests. Every logit must equal a from-scratch run within $10^{-5}$.
 
 # %% nbgrader={"grade": true, "grade_id": "ch05_test_milestone", "locked": true, "points": 6, "schema_version": 3, "solution": false}
 ch05.check_prefix_cache_in_engine(Keys, Attach, Remember, Evict)

@@ -397,12 +397,12 @@ for name in ("llama-2-13b", "llama-3-8b", "llama-3-70b", "qwen3-0.6b", "deepseek
 # Chapter 2 chose 16 tokens per block by weighing waste (about half a block per sequence, in bytes)
 # against overhead (one table entry, one kernel iteration and, for the prefix cache, one hash per
 # block). With several times fewer bytes per token, a 16-token MLA block holds a fraction of the
-# bytes a Llama-3-70B block does (the cell prints both), while the per-block overheads stay the same: the balance moves
-# toward larger blocks. The cell prints, with the engine's reference numbers, the bytes of a block, the
-# table entries of one sequence of $2^{20}$ (about a million) tokens, and the mean waste per sequence
-# (half a block) for both models; the figure draws the first two against the block size (the dotted
-# line marks a 16-token Llama-3-70B block). A larger MLA block also coarsens what the prefix cache can
-# share: a hit counts only whole blocks.
+# bytes a Llama-3-70B block does (the cell prints both), while the per-block overheads stay the
+# same: the balance moves toward larger blocks. The cell prints, with the engine's reference
+# numbers, the bytes of a block, the table entries of one sequence of $2^{20}$ (about a million)
+# tokens, and the mean waste per sequence (half a block) for both models; the figure draws the first
+# two against the block size (the dotted line marks a 16-token Llama-3-70B block). A larger MLA
+# block also coarsens what the prefix cache can share: a hit counts only whole blocks.
 
 # %% nbgrader={"grade": false, "grade_id": "ch08_tradeoff", "locked": true, "schema_version": 3, "solution": false}
 models = {"Llama-3-70B (GQA, bf16)": "llama-3-70b",
