@@ -126,6 +126,17 @@ def non_empty(text: str) -> str:
     return text
 
 
+def model_source(text: str) -> str:
+    """--model: 'tiny', or a checkpoint folder (the folder, not its config.json or a weights file)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("'' is empty: give 'tiny' or a checkpoint folder")
+    path = Path(text)
+    if text != "tiny" and path.is_file():
+        raise argparse.ArgumentTypeError(f"{shown(text)} is a file: give the checkpoint folder that holds "
+                                         f"config.json and the weights ({str(path.parent)!r})")
+    return text
+
+
 def output_file(*suffixes: str):
     """An argparse type: a path to write later, checked now (before the run it would end).
 

@@ -84,8 +84,10 @@ class ModelConfig:
                 hidden_size=hf["hidden_size"],
                 num_layers=hf["num_hidden_layers"],
                 num_heads=heads,
-                num_kv_heads=hf.get("num_key_value_heads") or heads,
-                head_dim=hf.get("head_dim") or (hf["hidden_size"] // heads if heads else 0),
+                # absent or null means "the default"; a 0 given is refused by __post_init__, not replaced
+                num_kv_heads=heads if hf.get("num_key_value_heads") is None else hf["num_key_value_heads"],
+                head_dim=(hf["hidden_size"] // heads if heads else 0) if hf.get("head_dim") is None
+                else hf["head_dim"],
                 intermediate_size=hf["intermediate_size"],
                 rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
                 rope_theta=float(theta),

@@ -159,7 +159,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "below 1e-6 is greedy, like 0; the likeliest token is kept however small --top-p is); "
                      "--top-k >= 0; --seed from 0 to 2**63 - 1. "
                      "A bad input prints one 'error: ...' line and exits with status 2.")
-    parser.add_argument("--model", default="tiny", help="'tiny' (seeded, no download) or a checkpoint directory")
+    parser.add_argument("--model", default="tiny", type=check.model_source,
+                        help="'tiny' (seeded, no download) or a checkpoint directory")
     parser.add_argument("--prompt", action="append", required=True, type=check.non_empty,
                         help="repeat for a batch; not empty (bytes that are not UTF-8 are kept as raw bytes)")
     parser.add_argument("--max-tokens", type=check.positive_int, default=32,
@@ -183,8 +184,9 @@ def check_limits(prompts: list[list[int]], max_tokens: int, context: int) -> Non
         if len(prompt) + max_tokens > context:
             raise InputError(f"prompt {i} ({len(prompt)} tokens) + --max-tokens {max_tokens} = "
                              f"{len(prompt) + max_tokens} positions, past the model's trained context of "
-                             f"{context} (max_position_embeddings); lower --max-tokens to at most "
-                             f"{max(context - len(prompt), 0)}")
+                             f"{context} (max_position_embeddings); " + (
+                                 f"lower --max-tokens to at most {context - len(prompt)}"
+                                 if len(prompt) < context else "shorten the prompt"))
 
 
 def encode_argument(tokenizer, text: str) -> list[int]:

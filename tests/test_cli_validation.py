@@ -136,6 +136,9 @@ CLI_CASES = [
      f"argument --seed: {2 ** 70} is not a seed: a whole number from 0 to 2**63 - 1"),
     (["generate", "--prompt", "hi", "--seed", "2**70"], "argument --seed: 2**70 is not a seed"),
     (["generate", "--prompt", ""], "argument --prompt: '' is empty"),
+    (["generate", "--prompt", "hi", "--model", ""], "argument --model: '' is empty: give 'tiny' or a checkpoint"),
+    (["generate", "--prompt", "hi", "--model", "engine/configs/qwen3-0.6b.json"],
+     "argument --model: engine/configs/qwen3-0.6b.json is a file: give the checkpoint folder"),
     (["generate", "--prompt", "hi", "--max-tokens", "0"], "argument --max-tokens: 0 is not a whole number >= 1"),
     (["generate", "--prompt", "hi", "--top-p", "0"], "argument --top-p: 0 is not a finite number in (0, 1]"),
     (["generate", "--prompt", "hi", "--top-p", "nan"], "argument --top-p: nan is not a finite number in (0, 1]"),
@@ -378,3 +381,11 @@ def test_a_course_command_refuses_a_bad_value_in_one_line(module, args, words, t
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert words in done.stderr, done.stderr
+
+
+def test_a_prompt_past_the_context_is_told_to_shrink_not_to_lower_max_tokens_to_0():
+    from engine.generate import check_limits
+    with pytest.raises(InputError, match=r"context of 4096 \(max_position_embeddings\); shorten the prompt$"):
+        check_limits([[1] * 5000], 32, 4096)
+    with pytest.raises(InputError, match="lower --max-tokens to at most 96$"):
+        check_limits([[1] * 4000], 100, 4096)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from engine.config import ModelConfig, known_config
+from engine.errors import InputError
 
 QWEN3_FIELDS = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=32, intermediate_size=128)
@@ -57,3 +58,14 @@ def test_unknown_config_name_lists_the_known_ones():
 def test_a_config_by_path_or_by_name():
     path = known_config("qwen3-0.6b")
     assert known_config(Path(__file__).parents[1] / "engine/configs/qwen3-0.6b.json") == path
+
+
+@pytest.mark.parametrize("field", ["num_key_value_heads", "head_dim"])
+def test_a_zero_head_count_or_size_is_refused_not_replaced_by_the_default(field):
+    shape = {"vocab_size": 10, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 8}
+    with pytest.raises(InputError, match=f"{field} must be positive, got 0"):
+        ModelConfig.from_hf({**shape, field: 0})
+    absent = ModelConfig.from_hf(shape)                  # absent, or null, is the default
+    assert ModelConfig.from_hf({**shape, field: None}) == absent
+    assert (absent.num_kv_heads, absent.head_dim) == (4, 16)
