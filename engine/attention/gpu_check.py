@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from engine.cli_args import Parser, positive_int
+from engine.course.write_guard import path_text, unmakeable_parent
 
 PARTS = ("tests", "decode", "engine", "notebooks")
 REPO = Path(__file__).resolve().parents[2]
@@ -293,11 +294,9 @@ def out_path(given: Path | None) -> tuple[Path, str]:
             return out, f"{name} {out} is not a regular file"
         elif out.is_file() and out.suffix.lower() != ".json":
             return out, f"{name} {out} is a file that does not end in .json: name a folder, or a .json file"
-    for parent in out.absolute().parents:     # the folders it makes must be makeable
-        if parent.exists():
-            if not parent.is_dir():
-                return out, f"{name} {given if given is not None else out}: {parent} is a file, not a folder"
-            break
+    blocking = unmakeable_parent(out)         # the folders it makes must be makeable
+    if blocking:
+        return out, f"{name} {given if given is not None else out}: {blocking} is a file, not a folder"
     return out, ""
 
 
@@ -305,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the GPU check; 0 when every part ran (or was skipped for want of CUDA), 1 when one failed, 2 (one
     `error:` line, before any part runs) for a bad argument."""
     p = Parser(prog="python -m engine.attention.gpu_check", description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=_path, default=None, help="the JSON file, or a folder to hold gpu_check.json "
-                                                          "[$OUT/gpu_check.json, else build/gpu_check.json]")
+    p.add_argument("--out", type=path_text("--out", "the JSON file or a folder for gpu_check.json", why=""),
+                   default=None, help="the JSON file, or a folder to hold gpu_check.json "
+                                      "[$OUT/gpu_check.json, else build/gpu_check.json]")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, in order, each once, from "
                                                             f"{','.join(PARTS)}")
     p.add_argument("--chapters", default=None, help="notebooks: only these chapters (e.g. ch06,ch07); needs "
@@ -345,14 +345,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(record["summary"], indent=1))
     print(f"gpu_check: wrote {out}", file=sys.stderr)
     return 1 if record["summary"]["failed_parts"] else 0
-
-
-def _path(text: str) -> Path:
-    """An argparse type: a path that is not the empty text (which would be the current folder)."""
-    if not text.strip():
-        import argparse
-        raise argparse.ArgumentTypeError("'' is empty: name the JSON file or a folder for gpu_check.json")
-    return Path(text)
 
 
 if __name__ == "__main__":

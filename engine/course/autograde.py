@@ -45,7 +45,8 @@ from pathlib import Path
 
 from .nbgrader_course import (AUTOGRADE_CELL_TIMEOUT, COURSE_ID, NbgraderError, file_digest, outputs_by_cell,
                               result_path, run_nbgrader, stage_sources, write_config)
-from .paths import CHAPTER_PATTERN, assignment_id, chapter_files, chapter_name, offline_cpu_environ, repo_root
+from .paths import (CHAPTER_PATTERN, assignment_id, chapter_files, chapter_name, offline_cpu_environ, repo_root,
+                    solutions_refusal)
 
 ALL_ASSIGNMENTS = "ch[0-9][0-9]"
 DEFAULT_JOBS = 2
@@ -488,11 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     why = folder_refusal("--course", args.course, root=root) or folders_refusal(submissions, args.course)
     if why:
         parser.error(why)
-    if not args.solutions.is_dir():
-        parser.error(f"--solutions {args.solutions} is not a folder of chapter sources (chNN_topic.py)")
+    why = solutions_refusal(args.solutions)
+    if why:
+        parser.error(why)
     chapters = chapter_files(args.solutions)
-    if not chapters:
-        parser.error(f"--solutions {args.solutions} holds no chapter source (chNN_topic.py)")
     if not has_submissions(submissions):
         parser.error(f"SUBMISSIONS {submissions} holds no submission: expected "
                      f"{submissions}/<student_id>/<chNN_topic>.ipynb")

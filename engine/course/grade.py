@@ -24,7 +24,7 @@ from nbgrader.utils import determine_grade
 
 from . import cells, exercises
 from .kernel import SealedKernel
-from .paths import chapter_files, chapter_name, offline_cpu_environ, repo_root
+from .paths import chapter_files, chapter_name, offline_cpu_environ, repo_root, solutions_refusal
 
 TIMEOUT_ENV = "GRADE_CELL_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60
@@ -403,12 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     args.dir = Path(args.dir)
     if not args.dir.is_dir():
         parser.error(f"{args.dir} is not a folder of notebooks")
-    if not args.solutions.is_dir():
-        parser.error(f"--solutions {args.solutions} is not a folder of chapter sources (chNN_topic.py)")
+    why = solutions_refusal(args.solutions)
+    if why:
+        parser.error(why)
     chapters = [chapter_name(path) for path in chapter_files(args.solutions)]
-    if not chapters:
-        parser.error(f"--solutions {args.solutions} holds no chapter (chNN_topic.py, or a student edition's "
-                     "chNN_topic.ipynb)")
     if not any((args.dir / f"{name}.ipynb").exists() for name in chapters):
         parser.error(f"{args.dir} holds no chapter notebook: nothing to grade (expected one of "
                      f"{', '.join(name + '.ipynb' for name in chapters)})")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import cells
 from .include import IncludeError
-from .paths import CHAPTER_PATTERN, chapter_files, chapter_name, repo_root
+from .paths import chapter_files, chapter_name, chapter_source_refusal, repo_root
 from .source import load_chapter
 
 WIDTH = 88  # columns of code the book's text column shows without wrapping (book/_static/course.css)
@@ -278,15 +278,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the chapters as make book executed them (default: build/book/executed)")
     args = parser.parse_args(argv)
     for text in args.chapters:
-        path = Path(text)
-        if not text.strip():
-            parser.error("CHAPTER '' is empty: name a chapter source, e.g. solutions/ch02_block_tables.py")
-        if path.is_dir():
-            parser.error(f"CHAPTER {text} is a folder: name the chapter sources in it (solutions/chNN_topic.py)")
-        if path.suffix != ".py" or not CHAPTER_PATTERN.match(path.stem):
-            parser.error(f"CHAPTER {text} is not a chapter source: expected a file named chNN_topic.py")
-        if not path.is_file():
-            parser.error(f"CHAPTER {text} does not exist")
+        why = chapter_source_refusal(text)
+        if why:
+            parser.error(why)
     if args.outputs is not None and not args.outputs.is_dir():
         parser.error(f"--outputs {args.outputs} is not a folder of executed chapters "
                      f"({'a file' if args.outputs.exists() else 'it does not exist'}; make book writes "

@@ -69,3 +69,27 @@ def offline_cpu_environ(extra: dict[str, str] | None = None) -> dict[str, str]:
     )
     env.update(extra or {})
     return env
+
+
+def chapter_source_refusal(path_text: str) -> str:
+    """Why a CHAPTER argument is not a chapter source file ('' when it is one)."""
+    if not path_text.strip():
+        return "CHAPTER '' is empty: name a chapter source, e.g. solutions/ch02_block_tables.py"
+    path = Path(path_text)
+    if path.is_dir():
+        return f"CHAPTER {path_text} is a folder: name the chapter sources in it (solutions/chNN_topic.py)"
+    if path.suffix != ".py" or not CHAPTER_PATTERN.match(path.stem):
+        return f"CHAPTER {path_text} is not a chapter source: expected a file named chNN_topic.py"
+    if not path.is_file():
+        return f"CHAPTER {path_text} does not exist"
+    return ""
+
+
+def solutions_refusal(solutions: Path) -> str:
+    """Why --solutions holds no chapters to grade against ('' when it does)."""
+    if not solutions.is_dir():
+        return f"--solutions {solutions} is not a folder of chapter sources (chNN_topic.py)"
+    if not chapter_files(solutions):
+        return (f"--solutions {solutions} holds no chapter source (chNN_topic.py, or a student edition's "
+                "chNN_topic.ipynb)")
+    return ""

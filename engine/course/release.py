@@ -18,7 +18,7 @@ import nbformat
 
 from . import cells
 from .nbgrader_course import run_nbgrader, stage_sources, write_config
-from .paths import CHAPTER_PATTERN, assignment_id, chapter_files, chapter_name, repo_root
+from .paths import assignment_id, chapter_files, chapter_name, chapter_source_refusal, repo_root
 from .write_guard import SOURCES
 
 README = """# Notebooks: the learner edition
@@ -114,20 +114,6 @@ def normalized_json(notebook) -> str:
     return nbformat.writes(notebook).rstrip("\n") + "\n"
 
 
-def chapter_refusal(path_text: str) -> str:
-    """Why a CHAPTER argument is not a chapter source ('' when it is one)."""
-    if not path_text.strip():
-        return "CHAPTER '' is empty: name a chapter source, e.g. solutions/ch02_block_tables.py"
-    path = Path(path_text)
-    if path.is_dir():
-        return f"CHAPTER {path_text} is a folder: name the chapter sources in it (solutions/chNN_topic.py)"
-    if path.suffix != ".py" or not CHAPTER_PATTERN.match(path.stem):
-        return f"CHAPTER {path_text} is not a chapter source: expected a file named chNN_topic.py"
-    if not path.is_file():
-        return f"CHAPTER {path_text} does not exist"
-    return ""
-
-
 def main(argv: list[str] | None = None) -> int:
     """Regenerate notebooks/ from solutions/ (or --out DIR from the given chapter files).
 
@@ -149,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seen: dict[Path, str] = {}
     for text in args.chapters:
-        why = chapter_refusal(text)
+        why = chapter_source_refusal(text)
         if why:
             parser.error(why)
         first = seen.get(Path(text).resolve())

@@ -6,6 +6,7 @@ its tracked sources: the folder would be emptied, overwritten, or (for engine/) 
 
     refusal(option, path)        why `path` may not be written, '' when it may (the repository rule)
     folder_refusal(option, path) the same, plus: not a file, and its nearest existing parent is a folder
+    unmakeable_parent(path)      the file in the way of making `path`, or None
     path_text(option)            an argparse type: a path that is not the empty text
 """
 from __future__ import annotations
@@ -48,20 +49,23 @@ def folder_refusal(option: str, path: Path, **kwargs) -> str:
     path = Path(path)
     if path.exists() and not path.is_dir():
         return f"{option} {path} is a file, not a folder"
-    for parent in path.absolute().parents:
+    blocking = unmakeable_parent(path)
+    return f"{option} {path}: {blocking} is a file, not a folder" if blocking else ""
+
+
+def unmakeable_parent(path: Path) -> Path | None:
+    """The nearest existing folder-to-be above `path` when it is a file (so `path` cannot be made), else None."""
+    for parent in Path(path).absolute().parents:
         if parent.exists():
-            if not parent.is_dir():
-                return f"{option} {path}: {parent} is a file, not a folder"
-            break
-    return ""
+            return None if parent.is_dir() else parent
+    return None
 
 
-def path_text(option: str, what: str = "a folder"):
+def path_text(option: str, what: str = "a folder", why: str = " (the current folder is never taken by default)"):
     """An argparse type: a Path, refusing the empty text (Path('') would be the current folder)."""
     def parse(text: str) -> Path:
         if not text.strip():
-            raise argparse.ArgumentTypeError(f"{text!r} is empty: name {what} (the current folder is never "
-                                             "taken by default)")
+            raise argparse.ArgumentTypeError(f"{text!r} is empty: name {what}{why}")
         return Path(text)
 
     parse.__name__ = f"path({option})"
