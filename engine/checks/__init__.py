@@ -420,26 +420,26 @@ def _wrapped(text: str, width: int = REPORT_WIDTH) -> list[str]:
             for part in textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False) or [""]]
 
 
+def _chain(error: BaseException | None, context: bool = False):
+    """`error` and, up to 8 links, what caused it (`__cause__`; with `context`, else `__context__`)."""
+    for _ in range(8):
+        if error is None:
+            return
+        yield error
+        error = error.__cause__ or (error.__context__ if context else None)
+
+
 def _stub_error(error: BaseException) -> NotImplementedError | None:
     """The NotImplementedError a stub raised, if `error` is one or was caused by one (Triton's
     interpreter raises its own InterpreterError from the kernel's error)."""
-    seen = 0
-    while error is not None and seen < 8:
-        if isinstance(error, NotImplementedError):
-            return error
-        error, seen = error.__cause__, seen + 1
-    return None
+    return next((e for e in _chain(error) if isinstance(e, NotImplementedError)), None)
 
 
 def _uncompiled_stub(error: BaseException) -> bool:
     """Triton's compiler refusing a kernel whose body is still the stub's `raise NotImplementedError()`
     (on a GPU; the interpreter raises the NotImplementedError itself)."""
-    seen = 0
-    while error is not None and seen < 8:
-        if type(error).__name__ == "CompilationError" and "NotImplementedError" in str(error):
-            return True
-        error, seen = error.__cause__ or error.__context__, seen + 1
-    return False
+    return any(type(e).__name__ == "CompilationError" and "NotImplementedError" in str(e)
+               for e in _chain(error, context=True))
 
 
 def not_written_lines(error: BaseException, tb, cell_name: Callable[[str], str | None]) -> list[str] | None:
