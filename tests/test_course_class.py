@@ -1,0 +1,187 @@
+"""A class's course folder (engine/course/class_folder.py) and its reports (reports.py, export.py).
+
+The cheap parts run in-process: the roster, the late-submission plugin, flag codes, a notebook of
+the wrong chapter. One flow with nbgrader's own commands (slow): `prepare` makes the course folder and
+gradebook with no submission; through the exchange ada submits twice (untouched, then the solution),
+bob submits the solution after the due date, cy hands in another chapter's notebook under ch98's
+name, eve leaves it untouched and dan hands in nothing; `grade` collects, grades, gives feedback and
+reports.
+"""
+import csv
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import nbformat
+import pytest
+
+from engine.course import cells, class_folder, reports
+from engine.course.class_folder import LatePenalty, read_roster
+from engine.course.paths import offline_cpu_environ
+from fixtures.course_support import BUILD, FIXTURE_CHAPTER, REPO, SEALED_CHAPTER, expanded, sandbox_or_skip, stubbed
+
+ROSTER = """\
+[course]
+late_penalty_per_day = 0.25   ; a quarter of the score per started day late
+[chapters]
+ch98 = {due}
+[instructors]
+grace = Grace Hopper <grace@example.edu>
+[students]
+ada = Ada Lovelace <ada@example.edu>
+bob = Bob Byte
+cy = Cy Borg
+dan = Dan Idle
+eve = Eve Early
+"""
+
+
+def test_roster_gives_students_chapters_and_due_dates(tmp_path):
+    path = tmp_path / "roster.ini"
+    path.write_text(ROSTER.format(due="2027-02-01 23:59"))
+    roster = read_roster(path)
+    assert [p.ident for p in roster.students] == ["ada", "bob", "cy", "dan", "eve"]
+    assert (roster.students[0].first_name, roster.students[0].last_name, roster.students[0].email) == \
+        ("Ada", "Lovelace", "ada@example.edu")
+    assert roster.instructors[0].ident == "grace" and roster.late_penalty_per_day == 0.25
+    assert roster.due == {"ch98": datetime(2027, 2, 1, 23, 59, tzinfo=timezone.utc)}
+
+
+@pytest.mark.parametrize("line, words", [
+    ("ch98 = 1 February", "[chapters] ch98 = 1 February: expected a UTC due date YYYY-MM-DD HH:MM"),
+    ("chapter2 = 2027-02-01 23:59", "[chapters] chapter2: a chapter is named chNN (e.g. ch02)"),
+])
+def test_roster_refuses_a_bad_line_naming_it(tmp_path, line, words):
+    path = tmp_path / "roster.ini"
+    path.write_text(ROSTER.format(due="2027-02-01 23:59").replace("ch98 = 2027-02-01 23:59", line))
+    with pytest.raises(SystemExit) as refused:
+        read_roster(path)
+    assert str(refused.value) == f"roster {path}: {words}"
+
+
+def test_late_penalty_is_a_share_of_the_score_per_started_day_capped_at_all():
+    plugin = LatePenalty(per_day=0.25)
+    assert plugin.late_submission_penalty("ada", 8.0, 1) == 2.0          # one second late: one day
+    assert plugin.late_submission_penalty("ada", 8.0, 86400 * 2 + 1) == 6.0
+    assert plugin.late_submission_penalty("ada", 8.0, 86400 * 30) == 8.0  # never more than the score
+
+
+def test_flags_become_short_codes_each_once():
+    flags = ["ch02_allocate: typed in, the reference's code (copied, renamed or reformatted): x" * 20,
+             "ch02_test: tampering put back engine.checks.ch02.check_allocate", "not sandboxed: no bwrap",
+             "ch02_alloc: typed in, the reference's code (copied, renamed or reformatted): y"]
+    assert reports.flag_codes(flags) == "NOSANDBOX COPY TAMPER"
+    assert reports.flag_code("this is ch03_paged_cache, handed in as ch02") == "WRONGCH"
+    assert reports.flag_code("something new") == "OTHER"
+
+
+def test_a_notebook_of_another_chapter_is_named():
+    chapters = [REPO / "solutions" / "ch02_block_tables.py", REPO / "solutions" / "ch03_paged_cache.py"]
+    assert reports.wrong_chapter(REPO / "notebooks" / "ch03_paged_cache.ipynb", "ch02", chapters) == \
+        "this is ch03_paged_cache, handed in as ch02"
+    assert reports.wrong_chapter(REPO / "notebooks" / "ch02_block_tables.ipynb", "ch02", chapters) == ""
+    # a chapter the course does not have is named by its number (a notebook without chNN_ ids: see the flow)
+    assert reports.wrong_chapter(REPO / "notebooks" / "ch02_block_tables.ipynb", "ch98", [SEALED_CHAPTER]) == \
+        "this is ch02, handed in as ch98"
+
+
+# ---- the class through nbgrader's exchange --------------------------------------------------------
+
+def nbgrader(cwd, *args, user="grace", home=None):
+    env = offline_cpu_environ({"USER": user, "HOME": str(home or cwd)})
+    result = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env, capture_output=True,
+                            text=True)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0 and "[ERROR]" not in log, f"nbgrader {' '.join(args)}:\n{log}"
+    return log
+
+
+@pytest.mark.slow
+def test_a_class_from_roster_to_reports_through_the_exchange():
+    from nbgrader.api import Gradebook
+    sandbox_or_skip()
+    root = BUILD / "class"
+    shutil.rmtree(root, ignore_errors=True)
+    exchange, course, homes = root / "exchange", root / "course", root / "home"
+    exchange.mkdir(parents=True)
+    roster_file = root / "roster.ini"
+    roster_file.write_text(ROSTER.format(due="2099-01-01 00:00"))
+
+    # prepared with no submission: the course folder, the chapter released, the gradebook from the roster
+    class_folder.prepare(course, roster_file, SEALED_CHAPTER.parent, str(exchange))
+    assert (course / "release" / "ch98" / "ch98_sealed.ipynb").is_file() and not (course / "submitted").exists()
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", "paged-kv-course") as gradebook:
+        assert sorted(s.id for s in gradebook.students) == ["ada", "bob", "cy", "dan", "eve"]
+        assert gradebook.find_student("ada").email == "ada@example.edu"
+        assert gradebook.find_assignment("ch98").duedate == datetime(2099, 1, 1)
+    nbgrader(course, "release_assignment", "ch98", "--force")
+
+    solution = {cells.grade_id(c): c.source for c in expanded(SEALED_CHAPTER).cells if cells.is_solution(c)}
+    other_chapter = stubbed(expanded(FIXTURE_CHAPTER))
+
+    def submit(student, work):
+        home = homes / student
+        if not home.is_dir():
+            home.mkdir(parents=True)
+            (home / "nbgrader_config.py").write_text(
+                f"c = get_config()\nc.CourseDirectory.course_id = 'paged-kv-course'\n"
+                f"c.Exchange.root = {str(exchange)!r}\n")
+            nbgrader(home, "fetch_assignment", "ch98", user=student, home=home)
+        path = home / "ch98" / "ch98_sealed.ipynb"
+        notebook = nbformat.read(path, as_version=4)
+        if work == "solution":
+            for cell in notebook.cells:
+                if cells.grade_id(cell) in solution:
+                    cell.source = solution[cells.grade_id(cell)]
+        nbformat.write(other_chapter if work == "other chapter" else notebook, path)
+        nbgrader(home, "submit", "ch98", f"--student={student}", user=student, home=home)
+
+    submit("ada", "untouched")
+    submit("ada", "solution")        # the resubmission replaces the first
+    submit("eve", "untouched")
+    submit("cy", "other chapter")
+    # the due date moves to now (the instructor edits the roster and prepares again): bob is late
+    due = datetime.now(timezone.utc) - timedelta(seconds=1)
+    roster_file.write_text(ROSTER.format(due=due.strftime("%Y-%m-%d %H:%M")))
+    class_folder.prepare(course, roster_file, SEALED_CHAPTER.parent, str(exchange))
+    submit("bob", "solution")
+
+    outputs = class_folder.grade(course, "ch98", jobs=2, release=True, progress=lambda line: None)
+    rows = {r["student_id"]: r for r in csv.DictReader((course / "grades.csv").open(newline=""))}
+    assert sorted(rows) == ["ada", "bob", "cy", "eve"]          # one row per chapter handed in: no dan
+    assert (rows["ada"]["score"], rows["ada"]["late_penalty"], rows["ada"]["submissions"]) == ("5", "0", "2")
+    assert rows["ada"]["flags"] == "COPY RESUBMITTED"           # codes; the full text is in the report
+    assert (rows["bob"]["raw_score"], rows["bob"]["late_penalty"], rows["bob"]["score"]) == ("5", "1.25", "3.75")
+    assert "LATE" in rows["bob"]["flags"].split() and int(rows["bob"]["seconds_late"]) > 0
+    assert (rows["cy"]["score"], rows["cy"]["flags"]) == ("0", "WRONGCH")
+    assert (rows["eve"]["score"], rows["eve"]["flags"]) == ("0", "")
+    assert rows["bob"]["due"].startswith(due.strftime("%Y-%m-%d %H:%M"))
+
+    history = [r for r in csv.DictReader((course / "submissions.csv").open()) if r["student_id"] == "ada"]
+    assert len(history) == 2 and [r["graded"] for r in history] == ["", "yes"]   # both kept, the last graded
+    assert history[0]["submitted_at"] < history[1]["submitted_at"]
+
+    ada = (outputs["student reports"] / "ada.md").read_text()
+    assert "typed in, the reference's code" in ada and "2 submissions" in ada and "ch98_sealed: 5/5" in ada
+    assert "this is not ch98_sealed: none of its graded cells" in (outputs["student reports"] / "cy.md").read_text()
+    feedback = next((course / "feedback" / "bob" / "ch98").glob("*.html")).read_text()
+    assert "Notes from the grader" in feedback and "late: " in feedback
+
+    summary = list(csv.DictReader((course / "reports" / "summary.csv").open()))
+    assert [r["exercise"] for r in summary] == ["ch98_physical_slot", "ch98_allocator", "ch98_shared_blocks"]
+    assert all((r["students"], r["full_marks"], r["failed"]) == ("3", "2", "1") for r in summary)
+    assert all(r["most_failed_check"].startswith("ch98_test_") and r["message"] for r in summary)
+    assert (course / "reports" / "summary.png").stat().st_size > 1000
+
+    with outputs["export"].open(newline="") as handle:
+        exported = list(csv.reader(handle))
+    assert exported[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "ch98_sealed", "Total"]
+    assert exported[1] == ["Points Possible", "", "", "", "", "5", "5"]
+    by_id = {row[2]: row for row in exported[2:]}
+    assert by_id["ada"] == ["Lovelace, Ada", "", "ada", "ada@example.edu", "", "5", "5"]
+    assert by_id["bob"][5:] == ["3.75", "3.75"] and by_id["dan"][5:] == ["", "0"]
+
+    # the feedback was released: ada fetches it
+    nbgrader(homes / "ada", "fetch_feedback", "ch98", "--student=ada", user="ada", home=homes / "ada")
+    assert list((homes / "ada" / "ch98" / "feedback").rglob("ch98_sealed.html"))
