@@ -50,6 +50,8 @@ if attention_pkg.triton_installed():
         if BUG == 2:                                     # rows assumed `cols` apart
             stride = cols
         values = tl.load(x_ptr + source[:, None] * stride + c[None, :], mask=mask)
+        if BUG == 6:                                     # the store masked by rows only
+            mask = row_ok[:, None]
         tl.store(out_ptr + r[:, None] * s_out + c[None, :], values, mask=mask)
 
     @triton.jit
@@ -90,7 +92,10 @@ if attention_pkg.triton_installed():
             slot = pos % BLOCK_SIZE
             k_rows = k_pool + block.to(tl.int64) * s_kn + kv_head * s_kh + slot * s_ks
             v_rows = v_pool + block.to(tl.int64) * s_vn + kv_head * s_vh + slot * s_vs
-            k = tl.load(k_rows[:, None] + dims[None, :], mask=load_ok[:, None], other=0.0).to(tl.float32)
+            kv_mask = load_ok[:, None]
+            if BUG == 10:                                # the positions' mask on the dims' axis
+                kv_mask = load_ok[None, :]
+            k = tl.load(k_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)
             v = tl.load(v_rows[:, None] + dims[None, :], mask=load_ok[:, None], other=0.0).to(tl.float32)
             scores = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=0))
@@ -228,9 +233,50 @@ def test_stub_gather_and_merge_are_not_implemented():
     (3, "tl.program_id(0) * BLOCK_ROWS"),
     (4, "past the last row"),
     (5, "mask the columns too"),
+    (6, "the store's mask must bound the columns too"),
 ])
 def test_primer_bugs_are_named(bug, words):
     fails_with(ch06.check_gather_rows, Planted(buggy_gather, bug), [words, "expected (the out buffer", "got:"])
+
+
+@pytest.fixture()
+def host():
+    """A judge's channel to a host that holds the learner's kernel and runs the checks' helpers there."""
+    import socket
+    import threading
+
+    from engine.course.seal import named
+    from engine.course.sealed.judge import _engine_object, guard
+    from engine.course.sealed.remote import Channel
+    judge_end, host_end = socket.socketpair()
+    judge, there = Channel(judge_end, "T"), Channel(host_end, "L")
+    judge.guard, judge.screen = guard, _engine_object
+    held = {"planted": Planted(buggy_gather, 6), "right": gather_rows_program}
+
+    def serve(op, target, args, kwargs):
+        if op == "lookup":
+            return held
+        module, qualname, *rest = args
+        return named(module, qualname)(*rest, **kwargs)
+    there.serve = serve
+
+    def answer():
+        try:
+            while True:
+                there.answer(there._receive())
+        except Exception:
+            return
+    threading.Thread(target=answer, daemon=True).start()
+    yield judge.request("lookup", None)
+    judge_end.close()
+    host_end.close()
+
+
+@needs_triton
+def test_writes_outside_out_are_seen_when_the_kernel_lives_in_the_graders_host(host):
+    """make grade launches a host's kernel there: a write right of out's columns still fails the check."""
+    passes(ch06.check_gather_rows, host["right"])
+    fails_with(ch06.check_gather_rows, host["planted"], ["the store's mask must bound the columns too"])
 
 
 # ---- planted bugs: the decode kernel --------------------------------------------------------------
@@ -254,6 +300,15 @@ def test_decode_bugs_are_named(bug, words, failing):
             fails_with(getattr(ch06, name), kernel, [words])
         else:
             passes(getattr(ch06, name), kernel)
+
+
+@needs_triton
+def test_a_shape_error_names_the_kernels_line_and_the_sizes():
+    """K/V loads masked on the wrong axis crash in the interpreter: the message is the kernel's line, not the
+    launcher's, with the two sizes that did not match."""
+    message = fails_with(ch06.check_decode_kernel, Planted(buggy_decode, 10), [
+        "your kernel crashed in buggy_decode", "mask=kv_mask", "different sizes on axis 1", "valid[:, None]"])
+    assert "paged_decode_per_head" not in message
 
 
 @needs_triton

@@ -61,3 +61,15 @@ def test_logit_comparison_names_the_first_differing_position():
     assert "sequence 7" in message and "at position 43" in message and "max |Δ| 0.5" in message
     assert message.endswith("Hint: look here")
     assert checks.compare_logits(expected + 1e-7, expected, "close enough") < checks.ATOL
+
+
+def test_a_tick_line_is_made_of_the_facts_a_check_noted():
+    """Proved renders only what was noted, once each in order; a check that noted nothing cannot pass."""
+    proved = checks.Proved("thing")
+    proved.note("case a")
+    proved.note("case b")
+    proved.note("case a")
+    assert proved.line("3 launches match") == "thing: 3 launches match (case a; case b)"
+    assert proved.line() == "thing: case a; case b" and proved.holds("case b") and not proved.holds("c")
+    with pytest.raises(checks.CheckFailed, match="verified nothing"):
+        checks.Proved("empty").line()

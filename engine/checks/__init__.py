@@ -34,6 +34,7 @@ __all__ = [
     "expect_raises",
     "compare_logits",
     "passed",
+    "Proved",
     "tiny",
     "ATOL",
     "chosen_letter",
@@ -202,6 +203,38 @@ def one_thread():
 def passed(message: str) -> None:
     """Print the line a check prints when everything held."""
     print(f"✓ {message}")
+
+
+class Proved:
+    """The facts a check has verified, noted as it verifies each one; its ✓ line is made of them alone,
+    so the line can never claim a case the check did not run.
+
+        proved = Proved("gather_rows")
+        ...compare...; proved.note("repeated indices")      # only after that comparison held
+        proved.passed("match x[index]")                      # ✓ gather_rows: ... (repeated indices)
+    """
+
+    def __init__(self, subject: str):
+        self.subject, self.facts, self.counts = subject, [], {}
+
+    def note(self, fact: str) -> None:
+        """Record one verified fact (a repeated fact counts once in the line, and is counted)."""
+        if fact not in self.counts:
+            self.facts.append(fact)
+        self.counts[fact] = self.counts.get(fact, 0) + 1
+
+    def holds(self, fact: str) -> bool:
+        return fact in self.counts
+
+    def line(self, claim: str = "") -> str:
+        """The ✓ line's text: the subject, the claim, then every noted fact."""
+        if not self.facts and not claim:
+            raise CheckFailed(f"{self.subject}: the check verified nothing (a check's own defect)")
+        facts = "; ".join(self.facts)
+        return f"{self.subject}: " + (f"{claim} ({facts})" if claim and facts else claim or facts)
+
+    def passed(self, claim: str = "") -> None:
+        passed(self.line(claim))
 
 
 def _edition_error():

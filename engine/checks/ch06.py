@@ -17,12 +17,15 @@ import functools
 import inspect
 import math
 import os
+import re
 import textwrap
+import traceback
 
 import torch
 
 from engine.attention import triton_installed
-from engine.checks import ATOL, check, compare_logits, expect_equal, fail, one_thread, passed, where_it_lives
+from engine.checks import (ATOL, Proved, check, compare_logits, expect_equal, fail, one_thread, passed,
+                           where_it_lives)
 from engine.seeded import seeded_tokens
 
 NO_TRITON = ("Triton is not available on this platform (it ships Linux wheels only), so this kernel "
@@ -59,6 +62,7 @@ def launch(fn, *args, **kwargs):
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
             raise cause from None
+        _name_the_kernel_line(exc, TILES.get(getattr(fn, "__name__", ""), ""))
         if type(exc).__name__ == "CompilationError" and "Loop-carried variable" in str(exc):
             fail(f"your kernel does not compile for this GPU: {_last_line(exc)}", hint=LOOP_CARRIED_HINT)
         if "NotImplementedError" in str(exc):   # compiled: Triton refuses the stub's `raise`
@@ -73,6 +77,48 @@ def launch(fn, *args, **kwargs):
             raise NotImplementedError(f"the kernel still raises NotImplementedError "
                                       f"({type(exc).__name__})") from None
         raise
+
+
+_ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SHAPES = re.compile(r"incompatible dimensions at index (\d+): (\d+) and (\d+)")
+
+
+def _kernel_frame(exc: BaseException):
+    """(function, line number, source) of the innermost frame of the learner's kernel in what `exc`
+    wraps (Triton's interpreter raises InterpreterError from the kernel's own error), else None."""
+    from engine.checks import _chain
+    for error in reversed(list(_chain(exc, context=True))):       # the kernel's own error first
+        for frame in reversed(traceback.extract_tb(error.__traceback__)):
+            path = os.path.abspath(frame.filename)
+            if "site-packages" in path or path.startswith(_ENGINE_DIR) or f"{os.sep}triton{os.sep}" in path:
+                continue
+            return error, frame
+    return None
+
+
+# What each launcher's tiles are, for a shape error's hint.
+TILES = {"paged_decode_per_head": "The K/V tiles are [BLOCK_N, HEAD_DIM], positions on axis 0, so a mask over "
+                                  "positions goes on axis 0 (valid[:, None]), not axis 1 (valid[None, :])",
+         "gather_rows": "The tiles are [BLOCK_ROWS, BLOCK_COLS]: a condition on rows is r[:, None], one on "
+                        "columns c[None, :]"}
+
+
+def _name_the_kernel_line(exc: BaseException, tiles: str) -> None:
+    """A crash inside the learner's interpreted kernel fails naming the kernel's line (not the launcher's)
+    and, for a shape error, the two sizes that did not match."""
+    found = _kernel_frame(exc)
+    if found is None:
+        return
+    error, frame = found
+    source = (frame.line or "").strip()
+    what = f"your kernel crashed in {frame.name} (line {frame.lineno}: {source}) with {type(error).__name__}: {error}"
+    shapes = _SHAPES.search(str(error))
+    if shapes is None:
+        fail(what, hint="run the kernel's lines one by one in your head with the tile shapes: each tl.load, "
+                        "tl.store and tl.where needs its operands to broadcast to one shape")
+    axis, one, other = shapes.groups()
+    fail(what, hint=f"two operands of that line have different sizes on axis {axis} ({one} and {other}): a mask "
+                    f"(or `other`) must have the pointer tile's shape or broadcast to it. {tiles}".rstrip(". "))
 
 
 LOOP_CARRIED_HINT = ("a GPU compiles the loop with the type of every value it carries fixed before the loop "
@@ -196,49 +242,86 @@ def _gather_bugs(x_buf, idx_buf, rows, cols, block_rows, out_shape):
     return right, bugs
 
 
+@where_it_lives
+def launch_gather(kernel, x_buf, idx_buf, out_buf, rows: int, cols: int, block_rows: int) -> torch.Tensor:
+    """Launch `gather_rows` on views of the guarded buffers and return the whole out buffer. The views are
+    cut where the kernel runs, so a write outside out[:rows, :cols] shows even when the kernel lives in
+    another process (the grader's host sends back only the tensors it was handed, whole)."""
+    from engine.attention.triton_primer import gather_rows
+    dev = _device()
+    x_dev, idx_dev, out_dev = x_buf.to(dev), idx_buf.to(dev), out_buf.to(dev)
+    launch(gather_rows, x_dev[:, :cols], idx_dev[:rows], out=out_dev[:rows, :cols], kernel=kernel,
+           block_rows=block_rows)
+    out_buf.copy_(out_dev.cpu())
+    return out_buf
+
+
 def _diff_positions(got: torch.Tensor, want: torch.Tensor) -> list[tuple[int, int]]:
     same = (got == want) | (got.isnan() & want.isnan())
     return [tuple(p) for p in (~same).nonzero().tolist()]
+
+
+def _gather_cases(seed: int) -> list[tuple]:
+    """(x rows, cols, index, BLOCK_ROWS, seed) of each launch: ragged tiles, narrow columns, repeats."""
+    cases = [(9, 5, [8, 0, 3, 3, 7, 1, 2], 4, seed), (6, 16, [5, 4, 3, 2, 1, 0], 4, seed + 1),
+             (4, 3, [2], 4, seed + 2), (12, 7, [11, 0, 5, 5, 9, 2, 8, 1, 10, 3], 4, seed + 3)]
+    if seed:
+        gen = torch.Generator().manual_seed(seed)
+        cases.append((10, 6, torch.randint(0, 10, (9,), generator=gen).tolist(), 2, seed + 4))
+    return cases
+
+
+def _gather_hint(got, want, bugs, wrong, rows: int, cols: int) -> str:
+    """The bug whose emulated output matches; else what the wrong entries' places say."""
+    hint = next((h for h, emulated in bugs if not _diff_positions(got, emulated)), None)
+    if hint is not None:
+        return hint
+    right_of = sorted({c for r, c in wrong if r < rows and c >= cols})
+    below = sorted({r for r, c in wrong if r >= rows})
+    if right_of:
+        return (f"it wrote columns {right_of[0]}..{right_of[-1]} of out's rows, right of its {cols} columns: "
+                f"the store's mask must bound the columns too (c < cols), not only the rows; a masked-off "
+                f"load gives no value there, the store still writes it")
+    if below:
+        return (f"it wrote rows {below[0]}..{below[-1]}, past out's {rows} rows: mask the store with "
+                f"r < rows as well as c < cols")
+    return "compare the rows that differ with x[index]: which row of x did they come from?"
 
 
 @check
 def check_gather_rows(kernel, seed: int = 0) -> None:
     """The primer's kernel: out[r, :] = x[index[r], :] through `gather_rows`, edges masked."""
     _need_triton()
-    from engine.attention.triton_primer import gather_rows
-    cases = [(9, 5, [8, 0, 3, 3, 7, 1, 2], 4, seed), (6, 16, [5, 4, 3, 2, 1, 0], 4, seed + 1),
-             (4, 3, [2], 4, seed + 2), (12, 7, [11, 0, 5, 5, 9, 2, 8, 1, 10, 3], 4, seed + 3)]
-    if seed:
-        gen = torch.Generator().manual_seed(seed)
-        cases.append((10, 6, torch.randint(0, 10, (9,), generator=gen).tolist(), 2, seed + 4))
-    dev = _device()
+    cases = _gather_cases(seed)
+    proved = Proved("gather_rows")
     for x_rows, cols, index, block_rows, seed in cases:
         x_buf, idx_buf, out_buf, rows, cols = _gather_case(x_rows, cols, index, block_rows, seed)
-        x_dev, idx_dev, out_dev = x_buf.to(dev), idx_buf.to(dev), out_buf.to(dev)
-        launch(gather_rows, x_dev[:, :cols], idx_dev[:rows], out=out_dev[:rows, :cols], kernel=kernel,
-               block_rows=block_rows)
-        got = out_dev.cpu()
+        got = launch_gather(kernel, x_buf, idx_buf, out_buf, rows, cols, block_rows)
         want, bugs = _gather_bugs(x_buf, idx_buf, rows, cols, block_rows, tuple(out_buf.shape))
         wrong = _diff_positions(got, want)
-        if not wrong:
-            continue
-        hint = next((h for h, emulated in bugs if not _diff_positions(got, emulated)), None)
-        inside = [p for p in wrong if p[0] < rows and p[1] < cols]
-        outside = [p for p in wrong if p not in inside]
-        if hint is None and outside:
-            hint = ("something was written outside out[:rows, :cols]; mask the store with both the row "
-                    "and the column condition")
-        if hint is None:
-            hint = "compare the rows that differ with x[index]: which row of x did they come from?"
-        shown_rows, shown_cols = max(rows, max(p[0] for p in wrong) + 1), max(cols, max(p[1] for p in wrong) + 1)
-        fail(f"gather_rows with x of {x_rows}x{cols}, index {index}, BLOCK_ROWS={block_rows}: "
-             f"{len(wrong)} entries differ ({len(inside)} inside out[:{rows}, :{cols}], {len(outside)} "
-             f"outside it, where {SENTINEL:g} must stay), first at (row, col) {wrong[0]}.\n"
-             f"  expected (the out buffer, {SENTINEL:g} = never written):\n"
-             f"{_show(want[:shown_rows, :shown_cols], 1)}\n  got:\n{_show(got[:shown_rows, :shown_cols], 1)}\n",
-             hint=hint)
-    passed(f"gather_rows: {len(cases)} cases (ragged last tiles, columns narrower than the tile, repeated "
-           f"indices) match x[index], and nothing outside out[:rows, :cols] was touched")
+        if wrong:
+            inside = [p for p in wrong if p[0] < rows and p[1] < cols]
+            shown_rows = max(rows, max(p[0] for p in wrong) + 1)
+            shown_cols = max(cols, max(p[1] for p in wrong) + 1)
+            fail(f"gather_rows with x of {x_rows}x{cols}, index {index}, BLOCK_ROWS={block_rows}: "
+                 f"{len(wrong)} entries differ ({len(inside)} inside out[:{rows}, :{cols}], "
+                 f"{len(wrong) - len(inside)} outside it, where {SENTINEL:g} must stay), first at (row, col) "
+                 f"{wrong[0]}.\n  expected (the out buffer, {SENTINEL:g} = never written):\n"
+                 f"{_show(want[:shown_rows, :shown_cols], 1)}\n  got:\n{_show(got[:shown_rows, :shown_cols], 1)}\n",
+                 hint=_gather_hint(got, want, bugs, wrong, rows, cols))
+        _note_gather_case(proved, rows, cols, index, block_rows)
+    proved.passed(f"{len(cases)} launches match x[index]")
+
+
+def _note_gather_case(proved: Proved, rows: int, cols: int, index: list[int], block_rows: int) -> None:
+    """What a launch that matched the whole guarded out buffer showed."""
+    if rows % block_rows:
+        proved.note("ragged last tiles")
+    if cols & (cols - 1):
+        proved.note("columns narrower than the tile")
+    if len(set(index)) < len(index):
+        proved.note("repeated indices")
+    proved.note(f"every entry outside out[:rows, :cols] kept its {SENTINEL:g}, so nothing there was written")
 
 
 # ---- the paged decode kernel ----------------------------------------------------------------------
@@ -407,6 +490,20 @@ def decode_cases(seed: int = 0) -> list[dict]:
     ]
 
 
+def _decode_cases_covered(cases: list[dict]) -> str:
+    """What the launches that matched covered, read off the cases themselves."""
+    def listed(values) -> str:
+        values = [str(v) for v in sorted(set(values))]
+        return values[0] if len(values) == 1 else ", ".join(values[:-1]) + f" and {values[-1]}"
+    lens = [n for case in cases for n in case["kv_lens"].tolist()]
+    sizes = [case["k_pool"].shape[2] for case in cases]
+    cut = sum(case["block_n"] % size != 0 for case, size in zip(cases, sizes))
+    kinds = listed(str(case["q"].dtype).removeprefix("torch.").replace("float", "fp") for case in cases)
+    return (f"{len(cases)} launches (groups {listed(case['group'] for case in cases)}, {kinds}, blocks of "
+            f"{listed(sizes)}, lengths {min(lens)} to {max(lens)}" + (f", {cut} with tiles that cut blocks)"
+                                                                     if cut else ")"))
+
+
 @check
 def check_decode_kernel(kernel, seed: int = 0) -> None:
     """The per-head paged decode kernel equals the engine's torch reference on scrambled tables."""
@@ -414,8 +511,7 @@ def check_decode_kernel(kernel, seed: int = 0) -> None:
     cases = decode_cases(seed)
     for case in cases:
         _expect_decode(run_decode(kernel, case), reference(case), case, "your paged decode kernel")
-    passed(f"paged decode kernel: {len(cases)} launches (groups 1/2/4, fp32 and fp16, blocks of 3, 4 "
-           f"and 16, lengths 1 to 17, tiles that cut blocks) match the torch reference on scrambled "
+    passed(f"paged decode kernel: {_decode_cases_covered(cases)} match the torch reference on scrambled "
            f"block tables")
     warn_loop_carried(kernel)
 
@@ -682,8 +778,10 @@ def check_merge_partials(merge) -> None:
         scores = f", scores near {offset:g}" if offset else ""
         fail(f"merge of {splits} splits over lengths {lens}{scores}: row {b} (length {lens[b]}) differs.\n"
              f"  expected:\n{_show(whole[b, 0])}\n  got:\n{_show(got[b, 0])}\n", hint=hint)
-    passed("merge_partials: 1, 4 and 8 splits (empty slices included) give exactly the unsplit "
-           "softmax, also with scores past exp's float32 range; a row with no keys at all gives zeros")
+    splits = sorted({n for _, n, _ in MERGE_CASES})
+    passed(f"merge_partials: {', '.join(map(str, splits[:-1]))} and {splits[-1]} splits (empty slices included) "
+           f"give the unsplit softmax within 1e-5, also with scores near {max(o for *_, o in MERGE_CASES):g}, past "
+           f"exp's float32 range; a row with no keys at all gives zeros")
 
 
 # ---- review questions with a number or a choice for an answer ------------------------------------
