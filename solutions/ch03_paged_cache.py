@@ -303,9 +303,10 @@ explorer(show_pool, block_size=([2, 4, 8], 4), seed=(0, 3, 0))
 #   not.)
 # * `truncate(self, seq, length)`: roll `seq` back to its first `length` tokens. A `length` below 0
 #   or above the sequence's length is a `ValueError`, with nothing changed. Afterwards the table holds
-#   only the blocks those tokens need, each block cut off has lost one owner, and the length is
-#   `length`. Cut the table in place, so that it stays the *same list object*: a caller that took
-#   `self.table(seq)` earlier still sees the current table. The sequence stays, even at length 0.
+#   only the blocks those tokens need (a block reserved past them goes too, even when `length` is the
+#   current length), each block cut off has lost one owner, and the length is `length`. Cut the
+#   table in place, so that it stays the *same list object*: a caller that took `self.table(seq)`
+#   earlier still sees the current table. The sequence stays, even at length 0.
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_free", "locked": false, "schema_version": 3, "solution": true}
 #| include engine/cache/paged.py::PagedKVCache.free,truncate solve=free,truncate

@@ -157,6 +157,18 @@ TruncateDropsPartialBlock = mutant(PagedKVCache, "truncate", """
 -    keep = blocks_needed(length, self.block_size)
 +    keep = length // self.block_size
 """, name="TruncateDropsPartialBlock")
+# Rebinds the table to a new list: a caller holding the old one still sees the released blocks.
+TruncateRebinds = mutant(PagedKVCache, "truncate", """
+-    del table[keep:]
++    self.tables[seq] = table[:keep]
+""", name="TruncateRebinds")
+# Returns early when the length does not change, keeping blocks reserved past it.
+TruncateSameLengthReturns = mutant(PagedKVCache, "truncate", """
+-    keep = blocks_needed(length, self.block_size)
++    if length == self.lengths[seq]:
++        return
++    keep = blocks_needed(length, self.block_size)
+""", name="TruncateSameLengthReturns")
 
 
 BUGS = cases({   # the check of each exercise: the planted bugs it must name, with words of their hints
@@ -187,6 +199,8 @@ BUGS = cases({   # the check of each exercise: the planted bugs it must name, wi
     ch03.check_truncate: {
         TruncateWithoutRelease: ["refcounts of the dropped blocks", "drops table entries without releasing them"],
         TruncateDropsPartialBlock: ["the partial last block still holds tokens"],
+        TruncateRebinds: ["the table list a caller took with table(", "cut the list in place"],
+        TruncateSameLengthReturns: ["with room reserved for", "no early return"],
     },
 })
 

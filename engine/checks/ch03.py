@@ -14,8 +14,8 @@ import random
 import torch
 
 from engine.cache.errors import OutOfBlocks
-from engine.checks import (ATOL, CheckFailed, check, chosen_letter, compare_logits, expect_equal, expect_raises, fail,
-                           passed, review_number, tiny)
+from engine.checks import (ATOL, CheckFailed, Proved, check, chosen_letter, compare_logits, expect_equal, expect_raises,
+                           fail, passed, review_number, tiny)
 from engine.seeded import seeded_tokens
 
 
@@ -497,58 +497,87 @@ def check_free(cls, block_size: int = 4, seed: int = 2) -> None:
            "sequences), a block with another owner stays in use, the sequence is forgotten")
 
 
+def _truncate_cases(bs: int) -> list[tuple[int, int, int, str]]:
+    """(tokens held, new length, tokens reserved past them, what the case shows)."""
+    return [(2 * bs + 3, bs + 1, 0, "to mid-block"), (2 * bs + 3, bs, 0, "onto a block boundary"),
+            (2 * bs + 1, 2 * bs - 1, 0, "back across one block boundary"),
+            (bs + 1, bs + 1, 0, "to the same length"),
+            (bs + 1, bs + 1, 2 * bs, "to the same length with reserved blocks past it"),
+            (bs + 2, bs, bs, "onto a boundary with a reserved block past it"),
+            (3 * bs, 0, 0, "to 0"), (bs - 1, 1, 0, "within one block")]
+
+
+def _truncate_table_hint(got: list[int], keep: int, length: int, bs: int, reserved: int) -> str:
+    """What a wrong table after truncate says about the bug."""
+    if len(got) == keep - 1:
+        return (f"{length} tokens need ceil({length}/{bs}) = {keep} block(s): the partial last block still "
+                "holds tokens, keep it")
+    if len(got) == keep + 1 and length % bs == 0 and not reserved:
+        return f"{length} tokens fill exactly {keep} block(s); the next one holds nothing: ceil, not length // bs + 1"
+    if reserved and len(got) > keep:
+        return ("blocks reserved past the tokens are the sequence's too: truncate keeps only the blocks the "
+                f"{length} tokens need and releases the rest, also when the length does not change (no early "
+                "return)")
+    return "keep the first ceil(length / bs) entries, in order, and drop the rest"
+
+
+def _check_one_truncate(cache, seq: int, n: int, length: int, reserved: int) -> None:
+    """Truncate a sequence holding n tokens (and `reserved` more reserved) to `length`; check its table (the
+    same list object), the dropped and kept blocks' refcounts, and its length."""
+    bs = cache.block_size
+    cache.create(seq)
+    cache.reserve(seq, n + reserved)
+    cache.set_length(seq, n)
+    held = cache.table(seq)                    # what a caller took earlier: the live list
+    table = list(held)
+    free = cache.allocator.num_free
+    cache.truncate(seq, length)
+    keep = _ceil(length, bs)
+    what = f"truncate({seq}, {length}) of a {n}-token sequence" + (
+        f" with room reserved for {reserved} more" if reserved else "") + f", table {table} (bs {bs})"
+    got = cache.tables.get(seq)
+    if got is None:
+        fail(f"{what} removed its table", hint="truncate keeps the sequence (even at length 0); only free forgets it")
+    if list(got) != table[:keep]:
+        fail(f"{what}: its table", table[:keep], list(got), _truncate_table_hint(list(got), keep, length, bs, reserved))
+    if list(held) != table[:keep]:
+        fail(f"{what}: the table list a caller took with table({seq}) before the truncate still reads",
+             table[:keep], list(held), "cut the list in place (del table[keep:]): self.tables[seq] = table[:keep] "
+             "makes a new list, and whoever holds the old one still sees blocks already released")
+    released = table[keep:]
+    counts = [cache.allocator.refcount(b) for b in released]
+    if counts != [0] * len(released) or cache.allocator.num_free != free + len(released):
+        hint = ("a truncate that drops table entries without releasing them leaks those blocks: release each "
+                "dropped block with self.allocator.release" if any(c > 0 for c in counts) else
+                "release each dropped block exactly once")
+        fail(f"{what}: refcounts of the dropped blocks {released}", [0] * len(released), counts, hint)
+    expect_equal([cache.allocator.refcount(b) for b in table[:keep]], [1] * keep,
+                 f"{what}: refcounts of the kept blocks {table[:keep]}", "the kept blocks stay exactly as they were")
+    expect_equal(cache.length(seq), length, f"{what}: length({seq})", "set self.lengths[seq] to the new length")
+
+
 @check
 def check_truncate(cls, block_size: int = 4, seed: int = 3) -> None:
-    """truncate(seq, length) keeps the first ceil(length / bs) blocks, releases the rest, sets the length;
-    a length outside [0, current] is a ValueError."""
+    """truncate(seq, length) keeps the first ceil(length / bs) blocks in the same list, releases the rest
+    (reserved ones too), sets the length; a length outside [0, current] is a ValueError."""
     bs = block_size
-    cases = [(2 * bs + 3, bs + 1), (2 * bs + 3, bs), (2 * bs + 1, 2 * bs - 1), (bs + 1, bs + 1),
-             (3 * bs, 0), (bs - 1, 1)]
     cache = _cache(cls, num_blocks=64, block_size=bs, seed=seed)
-    for seq, (n, length) in enumerate(cases):
-        table = _hold(cache, seq, n)
-        free = cache.allocator.num_free
-        cache.truncate(seq, length)
-        keep = _ceil(length, bs)
-        got = cache.tables.get(seq)
-        if got is None:
-            fail(f"truncate({seq}, {length}) of a {n}-token sequence removed its table",
-                 hint="truncate keeps the sequence (even at length 0); only free forgets it")
-        if list(got) != table[:keep]:
-            if len(got) == keep - 1:
-                hint = (f"{length} tokens need ceil({length}/{bs}) = {keep} block(s): the partial last "
-                        "block still holds tokens, keep it")
-            elif len(got) == keep + 1 and length % bs == 0:
-                hint = (f"{length} tokens fill exactly {keep} block(s); the next one holds nothing: "
-                        "ceil, not length // bs + 1")
-            else:
-                hint = "keep the first ceil(length / bs) entries, in order, and drop the rest"
-            fail(f"truncate({seq}, {length}) of a {n}-token sequence with table {table} (bs {bs}): its table",
-                 table[:keep], list(got), hint)
-        released = table[keep:]
-        counts = [cache.allocator.refcount(b) for b in released]
-        if counts != [0] * len(released) or cache.allocator.num_free != free + len(released):
-            hint = ("a truncate that drops table entries without releasing them leaks those blocks: "
-                    "release each dropped block with self.allocator.release"
-                    if any(c > 0 for c in counts) else
-                    "release each dropped block exactly once")
-            fail(f"truncate({seq}, {length}) of a {n}-token sequence: refcounts of the dropped blocks "
-                 f"{released}", [0] * len(released), counts, hint)
-        expect_equal([cache.allocator.refcount(b) for b in table[:keep]], [1] * keep,
-                     f"truncate({seq}, {length}): refcounts of the kept blocks {table[:keep]}",
-                     "the kept blocks stay exactly as they were")
-        expect_equal(cache.length(seq), length, f"truncate({seq}, {length}): length({seq})",
-                     "set self.lengths[seq] to the new length")
+    proved = Proved("truncate")
+    cases = _truncate_cases(bs)
+    for seq, (n, length, reserved, shows) in enumerate(cases):
+        _check_one_truncate(cache, seq, n, length, reserved)
+        proved.note(shows)
+    proved.note("the table stays the same list object")
     seq = len(cases)
     _hold(cache, seq, bs + 2)
+    before = _state(cache)
     for bad in (bs + 3, -1):
-        expect_raises(ValueError, lambda: cache.truncate(seq, bad),
-                      f"truncate({seq}, {bad}) on a sequence of {bs + 2} tokens",
-                      "a new length outside [0, length] is a ValueError: truncate only rolls back")
-    expect_equal(cache.length(seq), bs + 2, f"after the refused truncates, length({seq})",
-                 "a refused truncate changes nothing")
-    passed(f"truncate: {len(cases)} rollbacks mid-block, on a boundary, to 0 and to the same length keep "
-           "ceil(length / bs) blocks and release exactly the rest; bad lengths raise ValueError")
+        expect_raises(ValueError, lambda: cache.truncate(seq, bad), f"truncate({seq}, {bad}) on a sequence of "
+                      f"{bs + 2} tokens", "a new length outside [0, length] is a ValueError: truncate only rolls back")
+        expect_equal(_state(cache), before, f"after the refused truncate({seq}, {bad}): every table, length, "
+                     "refcount and the free count", "check the length before changing anything")
+    proved.note("a length above the current one or below 0 raises ValueError and changes nothing")
+    proved.passed(f"{len(cases)} rollbacks keep ceil(length / bs) blocks and release exactly the rest")
 
 
 # --------------------------------------------------------------------------------------------------
