@@ -5,7 +5,7 @@ import pytest
 from engine.cache.paged import PagedKVCache
 from engine.cache.slots import blocks_needed
 from engine.checks import ch03
-from fixtures.check_support import by_name, cases, fails, fails_with, mutant, passes, stub
+from fixtures.check_support import by_name, cases, fails, fails_with, hosted, mutant, passes, stub
 
 METHOD_CHECKS = [ch03.check_reserve, ch03.check_set_batch, ch03.check_write, ch03.check_gather,
                  ch03.check_free, ch03.check_truncate]
@@ -203,6 +203,14 @@ BUGS = cases({   # the check of each exercise: the planted bugs it must name, wi
         TruncateSameLengthReturns: ["with room reserved for", "no early return"],
     },
 })
+
+
+def test_truncate_is_checked_the_same_where_the_grader_runs_it():
+    """make grade holds the learner's class in another process: the same-list test runs there."""
+    with hosted(right=PagedKVCache, rebinds=TruncateRebinds, early=TruncateSameLengthReturns) as remote:
+        passes(ch03.check_truncate, remote["right"])
+        fails_with(ch03.check_truncate, remote["rebinds"], ["cut the list in place"])
+        fails_with(ch03.check_truncate, remote["early"], ["no early return"])
 
 
 @pytest.mark.parametrize("check, bug, words", BUGS, ids=by_name)

@@ -9,7 +9,7 @@ import torch
 
 import engine.attention as attention_pkg
 from engine.checks import ch06
-from fixtures.check_support import fails, fails_with, passes
+from fixtures.check_support import fails, fails_with, hosted, passes
 
 needs_triton = pytest.mark.skipif(not attention_pkg.triton_installed(), reason="triton is Linux-only")
 
@@ -241,35 +241,9 @@ def test_primer_bugs_are_named(bug, words):
 
 @pytest.fixture()
 def host():
-    """A judge's channel to a host that holds the learner's kernel and runs the checks' helpers there."""
-    import socket
-    import threading
-
-    from engine.course.seal import named
-    from engine.course.sealed.judge import _engine_object, guard
-    from engine.course.sealed.remote import Channel
-    judge_end, host_end = socket.socketpair()
-    judge, there = Channel(judge_end, "T"), Channel(host_end, "L")
-    judge.guard, judge.screen = guard, _engine_object
-    held = {"planted": Planted(buggy_gather, 6), "right": gather_rows_program}
-
-    def serve(op, target, args, kwargs):
-        if op == "lookup":
-            return held
-        module, qualname, *rest = args
-        return named(module, qualname)(*rest, **kwargs)
-    there.serve = serve
-
-    def answer():
-        try:
-            while True:
-                there.answer(there._receive())
-        except Exception:
-            return
-    threading.Thread(target=answer, daemon=True).start()
-    yield judge.request("lookup", None)
-    judge_end.close()
-    host_end.close()
+    """The kernels as the grader's judge sees them: in a host process that runs the launches itself."""
+    with hosted(planted=Planted(buggy_gather, 6), right=gather_rows_program) as remotes:
+        yield remotes
 
 
 @needs_triton

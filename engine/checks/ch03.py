@@ -15,7 +15,7 @@ import torch
 
 from engine.cache.errors import OutOfBlocks
 from engine.checks import (ATOL, CheckFailed, Proved, check, chosen_letter, compare_logits, expect_equal, expect_raises,
-                           fail, passed, review_number, tiny)
+                           fail, passed, review_number, tiny, where_it_lives)
 from engine.seeded import seeded_tokens
 
 
@@ -521,6 +521,15 @@ def _truncate_table_hint(got: list[int], keep: int, length: int, bs: int, reserv
     return "keep the first ceil(length / bs) entries, in order, and drop the rest"
 
 
+@where_it_lives
+def truncate_holding_the_table(cache, seq: int, length: int) -> list[int]:
+    """cache.truncate(seq, length) while a caller holds the table list it took before; what that list
+    reads afterwards. (Run where the cache lives: only there is the list the cache's own object.)"""
+    held = cache.tables[seq]
+    cache.truncate(seq, length)
+    return list(held)
+
+
 def _check_one_truncate(cache, seq: int, n: int, length: int, reserved: int) -> None:
     """Truncate a sequence holding n tokens (and `reserved` more reserved) to `length`; check its table (the
     same list object), the dropped and kept blocks' refcounts, and its length."""
@@ -528,10 +537,9 @@ def _check_one_truncate(cache, seq: int, n: int, length: int, reserved: int) -> 
     cache.create(seq)
     cache.reserve(seq, n + reserved)
     cache.set_length(seq, n)
-    held = cache.table(seq)                    # what a caller took earlier: the live list
-    table = list(held)
+    table = list(cache.tables[seq])
     free = cache.allocator.num_free
-    cache.truncate(seq, length)
+    held = truncate_holding_the_table(cache, seq, length)
     keep = _ceil(length, bs)
     what = f"truncate({seq}, {length}) of a {n}-token sequence" + (
         f" with room reserved for {reserved} more" if reserved else "") + f", table {table} (bs {bs})"
@@ -540,9 +548,9 @@ def _check_one_truncate(cache, seq: int, n: int, length: int, reserved: int) -> 
         fail(f"{what} removed its table", hint="truncate keeps the sequence (even at length 0); only free forgets it")
     if list(got) != table[:keep]:
         fail(f"{what}: its table", table[:keep], list(got), _truncate_table_hint(list(got), keep, length, bs, reserved))
-    if list(held) != table[:keep]:
+    if held != table[:keep]:
         fail(f"{what}: the table list a caller took with table({seq}) before the truncate still reads",
-             table[:keep], list(held), "cut the list in place (del table[keep:]): self.tables[seq] = table[:keep] "
+             table[:keep], held, "cut the list in place (del table[keep:]): self.tables[seq] = table[:keep] "
              "makes a new list, and whoever holds the old one still sees blocks already released")
     released = table[keep:]
     counts = [cache.allocator.refcount(b) for b in released]
