@@ -175,7 +175,9 @@ print(f"room for {margin} running sequences to cross into a new block at once")
 # * **Room: run.** The sequence starts from what the cache holds (`seq.num_computed`, and
 #   `seq.cached_tokens` for the statistics). This step's chunk is as many of its pending tokens
 #   (`seq.num_pending`) as the budget allows, and the cache reserves room for exactly that chunk.
-#   The sequence is then running (`seq.status`, and the end of `self.running`).
+#   The sequence is then running (`seq.status`, and the end of `self.running`). Leave the prefix
+#   statistics alone: `schedule()` counts the lookup (`self.count_prefix_hit(seq)`) once `admit`
+#   returns, so counting it here too would count every lookup twice.
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_admit", "locked": false, "schema_version": 3, "solution": true}
 #| include engine/serve/scheduler.py::Scheduler.admit solve=admit
@@ -208,7 +210,8 @@ ch07.check_admit(Admission)
 #   queue. Its tokens stay: prompt *and* the tokens it already generated are prefilled again on
 #   re-admission, and it continues exactly where it stopped. Nothing is sampled twice.
 # * **swap**: copy its K/V to host memory (`cache.swap_out`), free its blocks, keep `num_computed`, and
-#   queue it in `self.swapped`. `resume` (the engine's) brings it back when its blocks fit again.
+#   queue it in `self.swapped` (nothing is published). `resume` (the engine's) brings it back when its
+#   blocks fit again.
 #
 # Which is cheaper? Recompute costs a prefill of every token the victim has, swap costs moving its
 # K/V over the host link twice. The next cell puts numbers on both for Llama-2-13B on an A100-40GB,
@@ -265,7 +268,9 @@ print(f"engine default: preemption={config.preemption!r}, "
 #   `self.release(seq, swap=True)` swaps them out to host memory first, and `self.publish(seq)` offers
 #   the full blocks of its first `seq.num_computed` tokens to the prefix cache. So publish before
 #   the release (the blocks are gone afterwards: the prefix cache raises `KeyError`) and before the
-#   progress is reset (at 0 it publishes nothing). Afterwards:
+#   progress is reset (at 0 it publishes nothing). Only a recompute publishes: a swapped victim's K/V
+#   come back from host memory, and blocks it published would stay in the pool, held by the prefix
+#   cache, so the swap would free fewer blocks. Afterwards:
 #   * after a swap, it is `Status.SWAPPED` at the end of `self.swapped`, its `num_computed` kept and
 #     added to `self.swapped_tokens`;
 #   * after a recompute, it is `Status.WAITING` at the *front* of `self.waiting`, with nothing

@@ -6,7 +6,7 @@ from engine.cache.paged import PagedKVCache
 from engine.checks import ch07
 from engine.serve.request import Status
 from engine.serve.scheduler import Scheduler
-from fixtures.check_support import by_name, cases, fails, fails_with, mutant, passes, stub
+from fixtures.check_support import by_name, cases, fails, fails_with, hosted, mutant, passes, stub
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,6 +101,32 @@ AdmitCountsCachedTokens = mutant(Scheduler, "admit", """
 -    need = self.cache.blocks_wanted(seq.seq_id, len(seq.tokens) - reused)
 +    need = self.cache.blocks_wanted(seq.seq_id, len(seq.tokens))
 """, name="AdmitCountsCachedTokens")
+# Counts the prefix lookup in admit too: schedule() already does, so every lookup counts twice.
+AdmitCountsPrefixHit = mutant(Scheduler, "admit", """
+-    self.running.append(seq)
++    self.running.append(seq)
++    self.count_prefix_hit(seq)
+""", name="AdmitCountsPrefixHit")
+# Asks room for the output the sequence may still generate, as a slot cache sized up front would.
+AdmitCountsFutureOutput = mutant(Scheduler, "admit", """
+-    need = self.cache.blocks_wanted(seq.seq_id, len(seq.tokens) - reused)
++    need = self.cache.blocks_wanted(seq.seq_id, seq.max_length - reused)
+""", name="AdmitCountsFutureOutput")
+# Resets the progress first, so publish (of the first num_computed tokens) offers nothing.
+PreemptResetsBeforePublish = mutant(Scheduler, "preempt", """
+-        self.publish(seq)
+-        self.release(seq)
+-        seq.num_computed = 0
++        seq.num_computed = 0
++        self.publish(seq)
++        self.release(seq)
+""", name="PreemptResetsBeforePublish")
+# Publishes a swapped victim too: its full blocks stay in the pool, held by the prefix cache.
+PreemptPublishesSwap = mutant(Scheduler, "preempt", """
+-        self.release(seq, swap=True)
++        self.publish(seq)
++        self.release(seq, swap=True)
+""", name="PreemptPublishesSwap")
 # Returns True as soon as eviction freed something, without reserving again.
 TrueAfterEvicting = mutant(Scheduler, "reserve_or_preempt", """
 -                continue
@@ -164,11 +190,17 @@ ForkAliasesTokens = mutant(Scheduler, "fork_samples", """
         PreemptNeverFrees: ["blocks were never freed", "expected (False,"],
         RecomputeNotReset: ["num_computed of the victim", "not reset to re-prefill"],
         ModeFromConfig: ["preemption='auto'", "self.preemption_mode(seq)"],
+        PreemptResetsBeforePublish: ["blocks in the prefix cache afterwards", "after num_computed was reset to 0",
+                                     "publish first, then release, then reset"],
+        PreemptPublishesSwap: ["preempt by swap", "a swap does not publish"],
     },
     ch07.check_admit: {
         AdmitWithoutReserving: ["positions with reserved room", "admission without reserving", "cache.reserve"],
         AdmitWithoutRoomCheck: ["margin 2 blocks", "expected 0", "margin()"],
         AdmitCountsCachedTokens: ["first 12 tokens are cached", "len(seq.tokens) - reused"],
+        AdmitCountsPrefixHit: ["self.prefix_stats after admit", "counted twice"],
+        AdmitCountsFutureOutput: ["max_tokens=16", "counted the output the sequence may still generate",
+                                  "len(seq.tokens) - reused"],
     },
     ch07.check_choose_victim: {OldestVictim: ["picked id", "oldest request was preempted"],
                                VictimById: ["admission order", "expected 1, got 4", "largest seq_id"]},
@@ -194,6 +226,31 @@ ForkAliasesTokens = mutant(Scheduler, "fork_samples", """
 }), ids=by_name)
 def test_bug_is_caught(check, bug, words):
     fails_with(check, bug, words)
+
+
+def test_admit_and_preempt_are_checked_the_same_where_the_grader_runs_them():
+    """make grade holds the learner's scheduler class in another process: the recorded publish, the
+    statistics and the room counts read the same there."""
+    with hosted(right=Scheduler, twice=AdmitCountsPrefixHit, output=AdmitCountsFutureOutput,
+                reset=PreemptResetsBeforePublish, swap=PreemptPublishesSwap) as remote:
+        passes(ch07.check_admit, remote["right"])
+        passes(ch07.check_preempt, remote["right"])
+        fails_with(ch07.check_admit, remote["twice"], ["counted twice"])
+        fails_with(ch07.check_admit, remote["output"], ["counted the output the sequence may still generate"])
+        fails_with(ch07.check_preempt, remote["reset"], ["after num_computed was reset to 0"])
+        fails_with(ch07.check_preempt, remote["swap"], ["a swap does not publish"])
+
+
+@pytest.mark.parametrize("check, bug", [
+    (ch07.check_admit, AdmitCountsPrefixHit), (ch07.check_admit, AdmitCountsFutureOutput),
+    (ch07.check_preempt, PreemptResetsBeforePublish), (ch07.check_preempt, PreemptPublishesSwap),
+], ids=by_name)
+def test_bug_costs_only_its_own_exercise(check, bug):
+    """Each of these bugs fails its exercise's check and no other scheduler check."""
+    fails(check, bug)
+    for other in SCHEDULER_CHECKS:
+        if other is not check:
+            passes(other, bug)
 
 
 @pytest.mark.parametrize("scheduler, cache, words", [

@@ -15,7 +15,7 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
-from engine.checks import (ATOL, CheckFailed, check, compare_logits, expect_equal, expect_raises, fail, passed,
+from engine.checks import (ATOL, CheckFailed, Proved, check, compare_logits, expect_equal, expect_raises, fail, passed,
                            review_choice, review_number, served, tiny)
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
@@ -83,10 +83,8 @@ def _snapshot(sched) -> dict:
 
 # ---- exercise 7.1: admission ------------------------------------------------------------------
 
-@check
-def check_admit(cls) -> None:
-    """admit(seq, budget): reserves the first chunk before any compute, keeps the margin free, refuses
-    without changing anything, evicts unused cached blocks first, and counts reused prefix tokens."""
+def _admit_first_chunk(cls, proved: Proved) -> None:
+    """On an empty pool: the chunk returned, its room reserved, the sequence running."""
     for bs, prompt_len, budget in ((4, 10, 6), (4, 10, 64), (8, 17, 9), (2, 5, 5)):
         sched = _scheduler(cls, num_blocks=16, block_size=bs)
         seq = _sequence(1, seeded_tokens(prompt_len, seed=prompt_len))
@@ -107,14 +105,41 @@ def check_admit(cls) -> None:
                      (Status.RUNNING.value, 0, [1]), f"{what}: (status, num_computed, running ids) after admit",
                      "an admitted sequence is RUNNING, appended to self.running, with num_computed set to "
                      "the tokens attach reused (0 here)")
-    # A pool with one sequence running: 3 free blocks of 4, margin 2.
+    proved.note("the first chunk returned and its room reserved before any compute")
+
+
+def _crowded_admit(cls, num_blocks: int, prompt_len: int, max_tokens: int):
+    """admit(seq, 64) of a prompt beside one running 20-token sequence (blocks of 4, margin 2):
+    (scheduler, sequence, the state before, what admit returned)."""
+    sched = _scheduler(cls, num_blocks=num_blocks, block_size=4)
+    _run_prefill(sched, _sequence(0, seeded_tokens(20, seed=3)))
+    seq = _sequence(1, seeded_tokens(prompt_len, seed=prompt_len), max_tokens=max_tokens)
+    sched.add(seq)
+    before = _snapshot(sched)
+    return sched, seq, before, sched.admit(seq, 64)
+
+
+def _admit_counts_what_it_holds(cls, proved: Proved) -> None:
+    """Room with blocks to spare: admitted, whatever output the sequence may still generate."""
+    sched, seq, _, got = _crowded_admit(cls, num_blocks=10, prompt_len=4, max_tokens=16)
+    if got == 4:
+        proved.note("room counted for the tokens a sequence holds, not the output it may generate")
+        return
+    what = ("one sequence running, 5 of 10 blocks free (blocks of 4), margin 2: admit of a 4-token prompt "
+            "with max_tokens=16 (needs 1 block + 2)")
+    *_, short = _crowded_admit(cls, num_blocks=10, prompt_len=4, max_tokens=1)
+    if got == 0 and short == 4:
+        fail(f"{what} returned", 4, 0, "the same prompt with max_tokens=1 is admitted, so admit counted the "
+             "output the sequence may still generate: 4 + 16 tokens need 5 blocks, + 2 of margin > 5 free. "
+             "Count only the tokens the sequence holds that attach did not reuse (len(seq.tokens) - reused); "
+             "the margin is what covers the output as it grows")
+    expect_equal(got, 4, f"{what} returned", "3 blocks of the 5 free suffice: admit it, with this step's chunk")
+
+
+def _admit_keeps_the_margin(cls, proved: Proved) -> None:
+    """3 free blocks, margin 2: a prompt needing 1 block fits exactly; 2 or 3 blocks are refused unchanged."""
     for prompt_len, fits in ((6, False), (9, False), (4, True)):
-        sched = _scheduler(cls, num_blocks=8, block_size=4)
-        _run_prefill(sched, _sequence(0, seeded_tokens(20, seed=3)))
-        seq = _sequence(1, seeded_tokens(prompt_len, seed=prompt_len))
-        sched.add(seq)
-        before = _snapshot(sched)
-        got = sched.admit(seq, 64)
+        sched, seq, before, got = _crowded_admit(cls, num_blocks=8, prompt_len=prompt_len, max_tokens=8)
         what = (f"one sequence running, 3 of 8 blocks free (blocks of 4), margin 2 blocks: admit of a "
                 f"{prompt_len}-token prompt (needs {-(-prompt_len // 4)} block(s) + 2)")
         if fits:
@@ -124,15 +149,19 @@ def check_admit(cls) -> None:
         if got:
             blocks = -(-prompt_len // 4)
             hint = NO_ROOM_CHECK if blocks > 3 else (
-                f"the prompt fits but leaves {3 - blocks} free block(s), fewer than margin() = 2: "
-                + NO_ROOM_CHECK)
+                f"the prompt fits but leaves {3 - blocks} free block(s), fewer than margin() = 2: " + NO_ROOM_CHECK)
             fail(f"{what}: returned", 0, got, hint)
         if seq.seq_id in sched.cache.tables:
             fail(f"{what}: admit refused, but the sequence still has a table in the cache",
                  hint="a refusal must change nothing: undo the attach with self.detach(seq)")
         expect_equal(_snapshot(sched), before, f"{what}: the state after a refusal",
                      "a refusal must change nothing (self.detach(seq) undoes the attach)")
-    # Cached blocks nobody uses are evicted to make room; reused prefix tokens are not prefilled.
+    proved.note("the margin kept free, with an exact fit admitted")
+    proved.note("refusals change nothing")
+
+
+def _admit_reuses_the_prefix(cls, proved: Proved) -> None:
+    """Cached prefix tokens are not prefilled nor counted as needed; unused cached blocks are evicted."""
     sched = _scheduler(cls, num_blocks=6, block_size=4, prefix=True)
     shared = seeded_tokens(12, seed=7)
     first = _sequence(0, shared + [1, 2])
@@ -142,25 +171,42 @@ def check_admit(cls) -> None:
     filler = _sequence(2, seeded_tokens(20, seed=8))
     seq = _sequence(1, shared + [9, 9, 9])
     sched.add(seq)
+    stats = dict(sched.prefix_stats)
     got = sched.admit(seq, 64)
     what = "a 15-token prompt whose first 12 tokens are cached (blocks of 4), 3 blocks free: admit returned"
     if got == 0:
         fail(what, 3, 0, "the cached tokens already have their blocks: need = self.cache.blocks_wanted("
              "seq.seq_id, len(seq.tokens) - reused) + self.margin(), the tokens attach did not reuse "
              "(1 block here), not the whole prompt")
-    expect_equal(got, 3, what,
-                 "only the uncached tokens are prefilled: set seq.num_computed = seq.cached_tokens = what "
-                 "self.attach(seq) returned, then count = min(seq.num_pending, budget)")
+    expect_equal(got, 3, what, "only the uncached tokens are prefilled: set seq.num_computed = seq.cached_tokens = "
+                 "what self.attach(seq) returned, then count = min(seq.num_pending, budget)")
     expect_equal((seq.num_computed, seq.cached_tokens), (12, 12), "(num_computed, cached_tokens) after that admit",
                  "set both to what self.attach(seq) returned: seq.num_computed = seq.cached_tokens = reused")
+    expect_equal(dict(sched.prefix_stats), stats, "self.prefix_stats after admit (schedule() counts the lookup "
+                 "once admit returns)", "admit counted the prefix lookup itself (self.count_prefix_hit): "
+                 "schedule() calls count_prefix_hit after a successful admit, so every lookup counted twice. "
+                 "Leave the statistics to schedule()")
+    proved.note("cached prefix tokens skipped and the lookup left to schedule() to count")
     sched.finish(seq, "length")
     sched.add(filler)
     got = sched.admit(filler, 64)
     expect_equal(got, 20, "6 blocks, 3 held only by the prefix cache, 3 free: admit of a 20-token prompt",
                  "blocks only the prefix cache holds are free to take: use self.make_room(need), which "
                  "evicts them, rather than comparing with free_blocks() alone")
-    passed("admit: the first chunk reserved before any compute, the margin kept free, refusals change "
-           "nothing, cached prefix tokens skipped, unused cached blocks evicted to make room")
+    proved.note("unused cached blocks evicted to make room")
+
+
+@check
+def check_admit(cls) -> None:
+    """admit(seq, budget): reserves the first chunk before any compute, counts room for what the sequence
+    holds, keeps the margin free, refuses without changing anything, evicts unused cached blocks first,
+    and counts reused prefix tokens (but not the lookup: schedule() does)."""
+    proved = Proved("admit")
+    _admit_first_chunk(cls, proved)
+    _admit_counts_what_it_holds(cls, proved)
+    _admit_keeps_the_margin(cls, proved)
+    _admit_reuses_the_prefix(cls, proved)
+    proved.passed()
 
 
 # ---- exercise 7.2: preemption -----------------------------------------------------------------
@@ -212,10 +258,57 @@ def _preempt_case(cls, mode: str, prefix: bool = False, **config):
     return sched, old, new
 
 
+def _recording_publish(sched) -> list[tuple[int, bool]]:
+    """Make sched.publish note (the victim's num_computed, whether it still had its table) at each call."""
+    calls, publish = [], sched.publish
+
+    def recording_publish(seq):
+        calls.append((seq.num_computed, seq.seq_id in sched.cache.tables))
+        return publish(seq)
+    sched.publish = recording_publish
+    return calls
+
+
+def _preempt_publishes(cls, mode: str) -> None:
+    """With a prefix cache: a recompute publishes the victim's 2 full blocks before their release and before
+    the reset; a swap publishes nothing (its K/V come back from the host, and cached blocks would stay in
+    the pool, held by the prefix cache)."""
+    sched, _, new = _preempt_case(cls, mode, prefix=True)
+    calls = _recording_publish(sched)
+    free_before = sched.cache.allocator.num_free
+    what = f"preempt by {mode} of a 10-token sequence (2 full blocks of 4) with a prefix cache"
+    try:
+        sched.preempt(new)
+    except KeyError as error:
+        if calls and not calls[-1][1]:
+            fail(f"{what} raised KeyError: {error}", hint="publish ran after the release, when the sequence had "
+                 "no blocks left to offer: publish first, then release")
+        raise
+    cached = len(sched.prefix.entries)
+    if mode == "swap":
+        expect_equal((cached, sched.cache.allocator.num_free), (0, free_before + 3),
+                     f"{what}: (blocks in the prefix cache, free blocks)", "a swap does not publish: its K/V "
+                     "come back from the host, and published blocks would stay in the pool, held by the prefix "
+                     "cache, so the swap would free fewer blocks. Publish only for a recompute")
+        return
+    if cached:
+        return
+    if calls and calls[-1][0] == 0:
+        hint = ("publish ran after num_computed was reset to 0, so it offered nothing (publish offers the "
+                "first seq.num_computed tokens): publish first, then release, then reset the progress")
+    elif calls and not calls[-1][1]:
+        hint = "publish ran after the release, when the sequence had no blocks left: publish first, then release"
+    else:
+        hint = ("preempt never published the victim: call self.publish(seq) before releasing it, so "
+                "re-admission finds its blocks in the prefix cache")
+    fail(f"{what}: blocks in the prefix cache afterwards", 2, 0, hint)
+
+
 @check
 def check_preempt(cls) -> None:
     """preempt(seq): frees (or swaps out) the victim's blocks; a recomputed victim goes back to the
     front of the waiting queue to re-prefill all its tokens; a swapped one keeps its progress."""
+    proved = Proved("preempt")
     sched, old, new = _preempt_case(cls, "recompute")
     free_before = sched.cache.allocator.num_free
     mode = sched.preempt(new)
@@ -239,13 +332,10 @@ def check_preempt(cls) -> None:
                  "after two recomputes: (oldest's seq.preemptions, newest's seq.preemptions, self.preemptions)",
                  "add one to the victim's seq.preemptions and count each preemption under its mode in "
                  "self.preemptions")
-    # With a prefix cache, the victim's full blocks are published before they are freed.
-    sched, old, new = _preempt_case(cls, "recompute", prefix=True)
-    sched.preempt(new)
-    if not sched.prefix.entries:
-        fail("after preempt by recompute with a prefix cache, its cached blocks", "2 full blocks", "none",
-             "publish the victim (self.publish(seq)) before releasing it, so re-admission finds its "
-             "blocks in the prefix cache")
+    proved.note("recompute frees the blocks, resets num_computed to 0, queues the victim in front (the newest "
+                "first) and counts it in seq.preemptions and self.preemptions")
+    _preempt_publishes(cls, "recompute")
+    proved.note("a recompute publishes the full blocks before releasing them")
     with served("preempting by swap"):     # swap_out is Exercise 7.4
         # "auto" decides by length: preemption_mode says which, and preempt must follow it.
         for computed in (9, 10):
@@ -261,6 +351,7 @@ def check_preempt(cls) -> None:
             expect_equal(mode, want, f"preempt of a sequence with {computed_before} computed tokens, "
                          f"SchedulerConfig(preemption='auto', swap_min_tokens={computed}): the mode returned",
                          "mode = self.preemption_mode(seq) decides swap or recompute; use it and return it")
+        proved.note("'auto' follows preemption_mode")
         # Swap: the K/V go to the host, the progress stays.
         sched, old, new = _preempt_case(cls, "swap")
         free_before = sched.cache.allocator.num_free
@@ -275,8 +366,10 @@ def check_preempt(cls) -> None:
                      "after preempt by swap: (status, num_computed, swapped ids, swapped_tokens)",
                      "a swapped victim keeps num_computed (its K/V are on the host), is marked SWAPPED, "
                      "appended to self.swapped, and self.swapped_tokens grows by its num_computed")
-    passed("preempt: recompute frees the blocks, publishes them first, resets num_computed to 0 and "
-           "queues the victim in front; swap moves the K/V to the host and keeps the progress")
+        proved.note("swap moves the K/V to the host and keeps the progress")
+        _preempt_publishes(cls, "swap")
+        proved.note("a swap publishes nothing")
+    proved.passed()
 
 
 @check
