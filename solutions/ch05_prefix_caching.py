@@ -355,13 +355,13 @@ for entries in (1_000, 10_000, 30_000):
 # * `evict(self, blocks_wanted)`: forget entries from the front of the line until the pool has
 #   `blocks_wanted` free blocks (`self.cache.allocator.num_free`) or the line is empty; return how
 #   many it forgot.
-# * `forget(self, entry)`: remove every trace of the entry, then release the cache's own reference
+# * `forget(self, entry)`: remove every trace of the entry and release the cache's own reference
 #   on its block.
 #   * Its traces are its place in the line `self.lru`, its key in `self.entries` and its block in
 #     `self.block_keys`. It may have left the line already: when `evict` calls `forget`, it has just
 #     taken the entry off the front.
-#   * Every trace goes *before* the release: a block handed out again must not be found under its
-#     old key.
+#   * A trace left behind is a wrong answer later: once the released block is handed out again and
+#     overwritten, a prompt with the old tokens would find it under its old key.
 #   * Its parent, if it has one, has one child fewer, and may have just become a leaf: it goes to
 #     the *front* of the line, `self.refresh(parent, front=True)`. `entry.parent` is the parent's
 #     *key* (`None` for a first block), not an `Entry`.

@@ -307,6 +307,24 @@ def test_bug_is_caught(check, bug, words):
     fails_with(check, bug, words)
 
 
+class ForgetReleasesFirst(PrefixCache):
+    """Releases the block first, then removes the traces: nothing runs in between, so nothing can tell."""
+
+    def forget(self, entry):
+        self.cache.allocator.release(entry.block)
+        self.lru.pop(entry.key, None)
+        del self.entries[entry.key], self.block_keys[entry.block]
+        if entry.parent is not None:
+            parent = self.entries[entry.parent]
+            parent.children -= 1
+            self.refresh(parent, front=True)
+
+
+def test_the_order_of_release_and_traces_in_forget_is_free():
+    """Ex 5.4 asks for no trace left and the reference released, not an order nothing can observe."""
+    passes(ch05.check_evict, ForgetReleasesFirst)
+
+
 def test_a_key_of_the_blocks_own_tokens_is_caught_in_the_engine():
     fails_with(lambda _: in_engine(keys=OwnTokensLoud), None, ["differ from a from-scratch run",
                                                                 "different histories share"])

@@ -479,8 +479,8 @@ def check_evict(cls) -> None:
              "its chain was released before h1" if order[:2] == ["g2", "h1"] else
              "evict one least recently released evictable entry at a time")
     if prefix.entries or prefix.block_keys or prefix.lru:
-        fail("after evicting everything, the cache still has entries", hint="forget() removes the entry "
-             "from entries, block_keys and the line, before its block can be handed out again")
+        fail("after evicting everything, the cache still has entries", hint="forget() removes every trace of "
+             "the entry: its key in self.entries, its block in self.block_keys and its place in self.lru")
     # An evicted block that is reused must not be found under its old key.
     prefix = cls(_cache(4))
     cache = prefix.cache
@@ -495,9 +495,11 @@ def check_evict(cls) -> None:
     reused, gap = _serve(prefix, 2, old)
     if reused or gap > ATOL:
         fail("a block evicted and then overwritten by another sequence was found under its old key",
-             0, reused, "forget() must delete the entry and its block_keys record before releasing")
-    passed("evict: least recently released leaves first, parents after their children, never a block "
-           "in use; each eviction O(1) from the line")
+             0, reused, "forget() must delete the entry (self.entries) and its record in self.block_keys, "
+             "or a later request finds a block that holds someone else's K/V under its old key")
+    passed("evict: never a block in use; least recently released leaves first, a parent after its children "
+           "and at the front once childless; as many as blocks_wanted asks in one call; nothing left behind, "
+           "so a block evicted and reused is never found under its old key")
 
 
 # ---- the milestone: all four pieces in the engine ---------------------------------------------------
