@@ -362,6 +362,30 @@ def test_review_wrong_answers_get_their_hint(check, answer, words):
     fails_with(check, answer, words)
 
 
+def test_a_wrong_answer_restates_the_question_with_its_numbers():
+    """R3's wrong answer says what the question asks: the numbers come from the check's R3, the ones the
+    question's text states (below)."""
+    message = fails(ch08.check_review_table_entries, 16_384)
+    assert "16384 is not the number of block-table entries of one 100,000-token sequence in blocks of 48" in message
+    assert "ceil(100,000 / 48)" in message
+    assert "int8 blocks of 16 (80 layers, 8 KV heads of 128" in fails(ch08.check_review_int8_bytes, 1)
+
+
+def test_the_questions_text_states_the_checks_numbers():
+    """The markdown of R1 and R3 names the numbers their checks compute with (one source for both)."""
+    from engine.course.paths import chapter_files
+    from engine.course.source import load_chapter
+    [path] = [p for p in chapter_files() if p.stem.startswith("ch08_")]
+    text = {cell.metadata.get("nbgrader", {}).get("grade_id"): " ".join(cell.source.split())
+            for cell in load_chapter(path).cells}
+    r1, r3 = ch08.R1, ch08.R3
+    r1_text, r3_text = text["ch08_review_md"], text["ch08_r3_md"]
+    assert (f"({r1['layers']} layers, {r1['kv_heads']} KV heads of {r1['head_dim']})" in r1_text
+            and f"int8 blocks of {r1['block_size']} tokens" in r1_text), r1_text
+    assert (f"one sequence of {r3['tokens']:,} tokens" in r3_text
+            and f"blocks of {r3['block_size']} tokens" in r3_text), r3_text
+
+
 def test_dequantize_and_copy_checks_run_without_quantize_into():
     """Each exercise's check runs on its own method: a learner may write them in any order."""
     unwritten = stub(QuantizedPagedKVCache, "quantize_into", name="QuantizeNotWritten")

@@ -700,24 +700,31 @@ def check_kv_bytes_from_config(kv_bytes_per_token) -> None:
 
 # ---- auto-graded review questions -----------------------------------------------------------------
 
+# The numbers the review questions ask about (tests/test_checks_ch08.py holds the questions' text to them).
+R1 = {"layers": 80, "kv_heads": 8, "head_dim": 128, "block_size": 16}
+R3 = {"tokens": 100_000, "block_size": 48}
+
+
 @check
 def check_review_int8_bytes(answer) -> None:
     """R1: KV bytes per token of Llama-3-70B in int8 blocks of 16, one float32 scale per block, KV
     head, layer, K and V (164,160)."""
-    config = {"layers": 80, "kv_heads": 8, "head_dim": 128}
-    codes = 2 * config["layers"] * config["kv_heads"] * config["head_dim"]
-    scales = 2 * config["layers"] * config["kv_heads"] * 4
-    want = codes + scales / 16
+    layers, kv_heads, head_dim, bs = R1["layers"], R1["kv_heads"], R1["head_dim"], R1["block_size"]
+    codes = 2 * layers * kv_heads * head_dim
+    scales = 2 * layers * kv_heads * 4
+    want = codes + scales / bs
     review_number(answer, "R1", "r1_answer", want,
                   f"{want:,.0f} bytes per token, {want / (2 * codes):.2%} of fp16's {2 * codes:,}",
-                  "is not the bytes per token", "codes: 2 * layers * kv_heads * head_dim bytes; scales: "
-                  "2 * layers * kv_heads * 4 bytes per block of 16 tokens",
-                  {codes: "that is the codes alone: each block also stores its scales (4 bytes per KV head, "
-                          "per layer, for K and for V), shared by its 16 tokens",
+                  f"is not the bytes one token costs in int8 blocks of {bs} ({layers} layers, {kv_heads} KV heads "
+                  f"of {head_dim}, one float32 scale per block, KV head, layer, K and V)",
+                  f"codes: 2 * layers * kv_heads * head_dim bytes; scales: 2 * layers * kv_heads * 4 bytes per "
+                  f"block of {bs} tokens",
+                  {codes: f"that is the codes alone: each block also stores its scales (4 bytes per KV head, "
+                          f"per layer, for K and for V), shared by its {bs} tokens",
                    2 * codes: "that is fp16 (2 bytes per number); int8 stores 1",
-                   codes + scales: "a block's scales are shared by its 16 tokens: divide them by the block size",
-                   codes + scales / 16 / 8: "there is one scale per KV head, not one per block",
-                   codes + scales / 32: "K and V have a scale each"})
+                   codes + scales: f"a block's scales are shared by its {bs} tokens: divide them by the block size",
+                   codes + scales / bs / kv_heads: "there is one scale per KV head, not one per block",
+                   codes + scales / (2 * bs): "K and V have a scale each"})
 
 
 @check
@@ -734,13 +741,14 @@ def check_review_mla_block(answer) -> None:
 @check
 def check_review_table_entries(answer) -> None:
     """R3: block-table entries of one 100,000-token sequence in blocks of 48: ceil(100000 / 48) = 2,084."""
-    tokens, size = 100_000, 48
+    tokens, size = R3["tokens"], R3["block_size"]
     want = -(-tokens // size)
     review_number(answer, "R3", "r3_answer", want,
                   f"{want:,} entries: {tokens // size:,} full blocks and one partial block of "
                   f"{tokens % size} tokens",
-                  "is not the number of table entries", "one entry per block: ceil(tokens / block_size)",
+                  f"is not the number of block-table entries of one {tokens:,}-token sequence in blocks of {size} "
+                  f"tokens", f"one entry per block: ceil({tokens:,} / {size})",
                   {tokens // size: "the last, partial block needs an entry too: round up",
                    tokens / size: "a table holds whole blocks: round up to a whole number",
-                   tokens // 16: "that is for blocks of 16; the question asks for blocks of 48",
+                   -(-tokens // 16): f"that is for blocks of 16; the question asks for blocks of {size}",
                    tokens * size: "entries = tokens / block size, not times"})
