@@ -500,8 +500,10 @@ def check_static_utilization(static_utilization) -> None:
                 hint = "it reserves one slot in total; each of the requests reserves its own slot"
         fail(f"static_utilization({shown}, capacity={capacity})", f"{tokens}/{reserved} = {want:.4f}",
              got, hint)
-    passed("static_utilization: 6 workloads; the chapter's 32 requests of 20-500 tokens in 1,024-token "
-           f"slots use {static_utilization(_util_cases()[-1][0], 1024):.1%} of what they reserve")
+    chapter, slot = _util_cases()[-1]
+    passed(f"static_utilization: {len(_util_cases())} workloads; the chapter's {len(chapter)} requests of "
+           f"{min(chapter)}-{max(chapter)} tokens in {slot:,}-token slots use "
+           f"{static_utilization(list(chapter), slot):.1%} of what they reserve")
 
 
 def _fit_cases() -> list[tuple[int, int, int, int]]:
@@ -540,7 +542,10 @@ def check_slots_that_fit(slots_that_fit) -> None:
             elif abs(value - free / slot) < 1e-9:
                 hint = "a fraction of a slot cannot be reserved: round down to whole slots (//)"
         fail(what, want, got, hint)
-    passed("slots_that_fit: 7 cases, including an exact fit and weights larger than the GPU")
+    cases = _fit_cases()
+    exact = sum((gpu - weights) % (tokens * per) == 0 and gpu > weights for gpu, weights, tokens, per in cases)
+    over = sum(weights > gpu for gpu, weights, *_ in cases)
+    passed(f"slots_that_fit: {len(cases)} cases, {exact} an exact fit and {over} with weights larger than the GPU")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -98,8 +98,10 @@ def check_blocks_needed(blocks_needed) -> None:
                          f"{n} tokens fill {n // bs} whole block(s) of {bs}"
                          + (" and start one more" if n % bs else ", with no partial block"))
             checked += 1
-    passed(f"blocks_needed: {checked} lengths, including bs-1, bs, bs+1 and 2bs+1; 40 tokens in "
-           f"blocks of 16 need {blocks_needed(40, 16)}")
+    expect_equal(blocks_needed(40, 16), 3, "blocks_needed(40, 16), the chapter's example",
+                 "40 tokens fill 2 whole blocks of 16 and start one more")
+    passed(f"blocks_needed: {checked + 1} lengths, including bs-1, bs, bs+1 and 2bs+1; 40 tokens in "
+           "blocks of 16 need 3")
 
 
 @check
