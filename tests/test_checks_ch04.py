@@ -4,7 +4,7 @@ import pytest
 
 from engine.cache.paged import PagedKVCache
 from engine.checks import ch04
-from fixtures.check_support import by_name, fails, fails_with, mutant, passes, stub
+from fixtures.check_support import by_name, fails, fails_with, hosted, mutant, passes, stub
 
 CHECKS = [ch04.check_fork_shares, ch04.check_copy_on_write, ch04.check_fork_block_counts,
           ch04.check_fork_then_diverge, ch04.check_parallel_sampling]
@@ -182,3 +182,10 @@ def test_a_copy_that_is_never_repointed_is_not_blamed_on_fork():
     for check in (ch04.check_copy_on_write, ch04.check_fork_then_diverge, ch04.check_parallel_sampling):
         message = fails(check, CopyForgetsRepoint)
         assert "fork must share" not in message and "repoint" in message, message
+
+
+def test_an_aliased_table_is_caught_where_the_grader_runs_it():
+    """make grade holds the learner's class in another process: the same-list test is asked there."""
+    with hosted(right=PagedKVCache, aliases=ForkAliasesTable) as remote:
+        passes(ch04.check_fork_shares, remote["right"])
+        fails_with(ch04.check_fork_shares, remote["aliases"], ["same list object", "list(table)"])

@@ -239,7 +239,7 @@ def check_set_batch(cls, block_size: int = 4, seed: int = 0) -> None:
     for bad in ([], [0, 2, 0]):
         expect_raises(ValueError, lambda: cache.set_batch(bad), f"set_batch({bad})",
                       "a batch names at least one sequence, each once")
-    passed("set_batch: rows in batch order, padded with block 0 to the longest table, lengths and "
+    passed("set_batch: rows in batch order, padded with real block ids to the longest table, lengths and "
            "capacities per row, ValueError for an empty or repeated batch")
 
 
