@@ -73,3 +73,29 @@ def test_a_tick_line_is_made_of_the_facts_a_check_noted():
     assert proved.line() == "thing: case a; case b" and proved.holds("case b") and not proved.holds("c")
     with pytest.raises(checks.CheckFailed, match="verified nothing"):
         checks.Proved("empty").line()
+
+
+def _not_written(qualname: str) -> NotImplementedError:
+    """What the student edition raises for an exercise still to write (as the grader's host reports it)."""
+    error = NotImplementedError(f"{qualname} is yours to write")
+    error._course_edition, error.qualname = True, qualname
+    return error
+
+
+def test_a_skipped_served_part_adds_no_fact_to_the_tick_line(capsys):
+    """In the student edition a part served through a later exercise is skipped: its fact is not claimed."""
+    proved = checks.Proved("thing")
+    proved.note("checked directly")
+    with checks.served("serving it", proved, "served through the engine"):
+        raise _not_written("Cache.later")
+    with checks.served("serving again", proved, "served once more"):
+        pass
+    proved.passed()
+    out = capsys.readouterr().out
+    assert "(not checked yet: serving it runs Cache.later" in out
+    assert "✓ thing: checked directly; served once more" in out and "served through the engine" not in out
+    only_served = checks.Proved("other")
+    with checks.served("serving it", only_served, "served through the engine"):
+        raise _not_written("Cache.later")
+    only_served.passed()
+    assert "✓" not in capsys.readouterr().out

@@ -216,6 +216,7 @@ class Proved:
 
     def __init__(self, subject: str):
         self.subject, self.facts, self.counts = subject, [], {}
+        self.skipped: list[str] = []          # parts `served` skipped (the student edition, see served)
 
     def note(self, fact: str) -> None:
         """Record one verified fact (a repeated fact counts once in the line, and is counted)."""
@@ -234,6 +235,9 @@ class Proved:
         return f"{self.subject}: " + (f"{claim} ({facts})" if claim and facts else claim or facts)
 
     def passed(self, claim: str = "") -> None:
+        """Print the ✓ line; nothing when every part was skipped (served's note says why)."""
+        if self.skipped and not self.facts:
+            return
         passed(self.line(claim))
 
 
@@ -250,16 +254,22 @@ EDITION_ERROR = _edition_error()
 
 
 @contextlib.contextmanager
-def served(what: str):
+def served(what: str, proved: Proved | None = None, fact: str | None = None):
     """Around the part of a check that serves the engine through a later exercise of the chapter. In
     the student edition, while that exercise is still the learner's to write, the part is skipped
-    with a note (the chapter's milestone serves everything); everywhere else it always runs."""
+    with a note (the chapter's milestone serves everything); everywhere else it always runs. When the
+    part ran to its end, `fact` is noted in `proved`; when it was skipped, `proved` knows."""
     try:
         yield
     except NotImplementedError as error:
         if not _edition_stub(error):
             raise
         print(f"(not checked yet: {what} runs {error.qualname}, yours to write later in this chapter)")
+        if proved is not None:
+            proved.skipped.append(what)
+        return
+    if proved is not None and fact:
+        proved.note(fact)
 
 
 def _edition_stub(error: BaseException) -> bool:

@@ -19,9 +19,8 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
-from engine.checks import (ATOL, CheckFailed, check, compare_logits, expect_equal, expect_raises, fail, passed,
-                           review_choice, review_number, served, tiny,
-                           where_it_lives)
+from engine.checks import (ATOL, CheckFailed, Proved, check, compare_logits, expect_equal, expect_raises, fail,
+                           passed, review_choice, review_number, served, tiny, where_it_lives)
 from engine.demos.prefix import run as run_prefix_demo
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
@@ -156,8 +155,12 @@ def check_chain(cls) -> None:
                     "first, so it carries the salt already")
         fail("chain(tokens, salt='t', extra_keys=('lora',)): the extra of each block",
              [("t", "lora"), ("lora",)], [tuple(e) for e in extra], hint)
+    proved = Proved("chain")
+    proved.note("one key per full block, chained on the parent's key, the salt in the first block's extra "
+                "and the extra keys in every block's")
     # Served: both histories keep hitting (the engine's attach and remember use this chain).
-    with served("serving A+X and B+X"):
+    with served("serving A+X and B+X", proved, f"A+X and B+X each keep reusing all {2 * BS} tokens of their "
+                "two full blocks when served"):
         prefix = cls(_cache())
         a, b, x = seeded_tokens(BS, 7), seeded_tokens(BS, 8), seeded_tokens(BS, 9)
         reused = []
@@ -170,8 +173,7 @@ def check_chain(cls) -> None:
             prefix.cache.free(seq)
         expect_equal(reused[2:], [2 * BS, 2 * BS], "serving A+X, B+X, then A+X and B+X again: tokens the last "
                      "two reuse", QUIET)
-    passed(f"chain: one key per full block, chained on the parent's key and the salt; A+X and B+X "
-           f"each keep reusing all {2 * BS} tokens of their two full blocks")
+    proved.passed()
 
 
 @check
@@ -189,8 +191,10 @@ def check_matches(cls) -> None:
         if bool(got) != want:
             fail(f"matches(entry computed from parent 11, tokens (1, 2, 3, 4), extra ('t',)) against "
                  f"parent {parent}, tokens {tokens}, extra {extra}", want, got, hint)
+    proved = Proved("matches")
+    proved.note("a hit needs the same parent, tokens and extra keys")
     # Served with a hash under which every block collides: a lookup must verify, not trust the key.
-    with served("serving colliding keys"):
+    with served("serving colliding keys", proved, "colliding keys are misses when served"):
         prefix = cls(_cache(), hash_fn=lambda parent, tokens, extra: 0)
         first, other = seeded_tokens(2 * BS + 1, 10), seeded_tokens(2 * BS + 1, 11)
         _serve(prefix, 0, first)
@@ -198,7 +202,7 @@ def check_matches(cls) -> None:
         if reused or gap > ATOL:
             fail("with a hash under which every block collides, a different prompt reused tokens",
                  0, reused, "a lookup must verify the parent, tokens and extra keys of what it finds")
-    passed("matches: a hit needs the same parent, tokens and extra keys; colliding keys are misses")
+    proved.passed()
 
 
 # ---- exercise 5.2: attach and detach --------------------------------------------------------------------
@@ -220,7 +224,11 @@ def check_attach(cls) -> None:
     if 9 in cache.tables or prefix.stats()["queries"] != queries:
         fail("attach(9, []) raised, but created sequence 9 or counted a query",
              hint="check the prompt first, then create the sequence and count")
-    with served("attaching to remembered blocks"):
+    proved = Proved("attach")
+    proved.note("a sequence created even when nothing is reused; an empty prompt refused, changing nothing")
+    with served("attaching to remembered blocks", proved, "the longest cached chain, shared; one prompt token "
+                "always left to prefill; lookups counted; detach undoes an admission and its count, in the "
+                "scheduler too"):
         cached_step(tiny(), cache, [0], [shared + [1]])
         prefix.remember(0, shared + [1])
         blocks = cache.tables[0][:2]
@@ -274,8 +282,7 @@ def check_attach(cls) -> None:
                      "nothing", "detach takes back exactly what attach counted: a query always, a hit only "
                      "if that attach reused tokens, and the tokens it reused")
         _check_undone_admissions(cls)
-    passed("attach: the longest cached chain, shared; one prompt token always left to prefill; "
-           "detach undoes an admission and its count, in the scheduler too")
+    proved.passed()
 
 
 def _check_undone_admissions(cls) -> None:
@@ -306,7 +313,10 @@ def check_remember(cls) -> None:
     prompt = seeded_tokens(2 * BS + 1, 16)
     prefix.attach(0, prompt)
     cached_step(tiny(), cache, [0], [prompt])
-    with served("publishing a block"):     # publish keeps the eviction line: evictable, Exercise 5.4
+    proved = Proved("remember")
+    # publish keeps the eviction line: evictable, Exercise 5.4
+    with served("publishing a block", proved, "full computed blocks only, each published once with the "
+                "cache's reference; they outlive their sequence; collisions stop the chain"):
         got = prefix.remember(0, prompt)
         table = cache.tables[0]
         if table[2] in prefix.block_keys:
@@ -353,8 +363,7 @@ def check_remember(cls) -> None:
         expect_equal(sorted(collide.block_keys), collide.cache.tables[0][:1], "with a hash under which every "
                      "block collides: the blocks published by one remember", "a key taken by a different "
                      "block is a collision: stop publishing there (self.matches tells), never overwrite it")
-    passed("remember: full computed blocks only, each published once with the cache's reference; "
-           "they outlive their sequence; collisions stop the chain")
+    proved.passed()
 
 
 # ---- exercise 5.4: eviction ------------------------------------------------------------------------------

@@ -528,7 +528,8 @@ def check_swap(cache_cls, block_size: int = 4) -> None:
         cache.free(s)
     expect_equal(cache.allocator.num_free, 24, "after freeing every sequence: free blocks",
                  "swap_in must allocate exactly the blocks it fills")
-    passed(f"swap (blocks of {bs}): K/V restored block for block into other physical blocks, a shared "
+    passed(f"swap (blocks of {bs}): K/V restored block for block after the freed blocks went to another "
+           f"sequence, a shared "
            f"sequence swaps without touching its sharer, logits match from-scratch runs within {ATOL:g}, "
            "a swap-in that cannot fit changes nothing, nothing leaks")
 
