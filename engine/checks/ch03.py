@@ -283,6 +283,104 @@ def _fresh_pools(cache) -> None:
         pool.fill_(SENTINEL)
 
 
+def _write_lens_hint(cache, seqs, got, want_lens, new, layer: int) -> str:
+    """What wrong kv_lens from write say about the bug."""
+    bs = cache.block_size
+    b = next(i for i, (g, w) in enumerate(zip(got, want_lens)) if g != w)
+    s, w, g = seqs[b], want_lens[b], got[b]
+    if got == [len(cache.tables[x]) * bs for x in seqs]:
+        return ("that is the slots reserved (len(table) * bs), right only when a row ends exactly on a block "
+                "boundary: count the positions written, not the slots")
+    if g == w - 1:
+        return (f"one short: row {b} wrote positions up to {w - 1}, so it holds {w} keys; kv_len is the highest "
+                "position written + 1")
+    if g == w + 1:
+        return "one too many: kv_len is the highest position written + 1, not + 2"
+    if layer > 0 and g == w + new[s] * layer:
+        return (f"the count grew on every layer: the length was committed per layer, so layer {layer} started "
+                f"from layer {layer - 1}'s new length")
+    return "kv_len[b] = max(stored length, highest valid position in row b + 1); padding (-1) does not count"
+
+
+def _write_every_layer(cache, stage: str, seqs, stored, new, k, v, positions) -> None:
+    """write() of each layer: kv_lens right at every layer, lengths committed by the last one only."""
+    layers = len(cache.k_pools)
+    want_lens = [stored[s] + new[s] for s in seqs]
+    for layer in range(layers):
+        got = [int(x) for x in torch.as_tensor(cache.write(layer, k, v, positions)).tolist()]
+        if got != want_lens:
+            b = next(i for i, (g, w) in enumerate(zip(got, want_lens)) if g != w)
+            fail(f"{stage}: kv_lens returned by write(layer={layer}) for rows {seqs} (row {b} had "
+                 f"{stored[seqs[b]]} tokens and wrote {new[seqs[b]]})", want_lens, got,
+                 _write_lens_hint(cache, seqs, got, want_lens, new, layer))
+        now = [cache.lengths[s] for s in seqs]
+        if layer < layers - 1 and now != [stored[s] for s in seqs]:
+            fail(f"{stage}: lengths after write(layer={layer}) of {layers} layers", [stored[s] for s in seqs], now,
+                 f"the length was committed per layer: only the last layer's write (layer == {layers - 1}) may "
+                 "commit the new lengths, since every layer writes the same positions")
+    expect_equal([cache.lengths[s] for s in seqs], want_lens, f"{stage}: lengths after the last layer's write",
+                 "the last layer commits kv_lens as each sequence's new length (self.lengths and self.batch_lengths)")
+
+
+def _expect_no_padding_written(pool, stage: str, layer: int) -> None:
+    """A padding column's k (values >= 1e6) anywhere in the pool is the bug."""
+    padded = (pool >= 1e6).all(dim=-1).all(dim=1).nonzero().tolist()        # [N, bs] slots
+    if padded:
+        fail(f"{stage}: layer {layer}, the K pool at (block, offset) {tuple(int(x) for x in padded[0])}",
+             "no padding there", "the k of a padding column (position -1)",
+             "padding was written: positions of -1 mark padding and must be skipped (write only where positions "
+             ">= 0; slot_mapping gives -1 there, and -1 as an index is the pool's last slot)")
+
+
+def _landed_hint(cache, layer: int, k, positions, b: int, t: int, block: int, offset: int) -> str:
+    """Where the k of (row b, column t) went instead of its slot, as a hint."""
+    p, bs = int(positions[b, t]), cache.block_size
+    found = _where_is(cache, layer, k[b, :, t])
+    same_position = [k[b2, :, t2] for b2, t2 in (positions == p).nonzero().tolist()]
+    at_logical = cache.k_pools[layer][p // bs, :, offset]
+    if (p // bs, offset) in found or any(torch.equal(at_logical, x) for x in same_position):
+        return (f"it landed in block {p // bs}, the logical block number: the slot was taken from the logical "
+                "block and the table ignored. Look the physical block up: block_tables[b, p // bs] (slot_mapping "
+                "does it)")
+    if found:
+        return (f"it landed at (block, offset) {found[0]}: the slot of position p is "
+                "block_tables[b, p // bs] * bs + p % bs")
+    if torch.equal(cache.k_pools[layer][block, :, offset], k[b, :, t]):
+        return "the keys are there but the values are not: write v into v_pools[layer]"
+    return ("nothing was written there: scatter into self.k_pools[layer] and self.v_pools[layer] in place, "
+            "indexed [block, :, offset]")
+
+
+def _expect_landed(cache, stage: str, layer: int, seqs, new, k, v, positions) -> None:
+    """Each new position's K and V at block_tables[b, p // bs], offset p % bs."""
+    bs = cache.block_size
+    for b, s in enumerate(seqs):
+        table = cache.tables[s]
+        for t in range(new[s]):
+            p = int(positions[b, t])
+            block, offset = table[p // bs], p % bs
+            if torch.equal(cache.k_pools[layer][block, :, offset], k[b, :, t]) and \
+                    torch.equal(cache.v_pools[layer][block, :, offset], v[b, :, t]):
+                continue
+            fail(f"{stage}: layer {layer}, sequence {s} (row {b}), position {p}: K/V at block {block} (table "
+                 f"{table}), offset {offset}", "the k and v of that position", "something else",
+                 _landed_hint(cache, layer, k, positions, b, t, block, offset))
+
+
+def _expect_nothing_stray(cache, pool, stage: str, layer: int, seqs, stored, positions) -> None:
+    """No slot changed that neither this batch nor an earlier one wrote."""
+    bs = cache.block_size
+    written = {(cache.tables[s][int(p) // bs], int(p) % bs)
+               for b, s in enumerate(seqs) for p in positions[b].tolist() if p >= 0}
+    earlier = {(cache.tables[s][p // bs], p % bs) for s in stored for p in range(stored[s])}
+    changed = (pool != SENTINEL).any(dim=1).any(dim=-1).nonzero().tolist()   # [N, bs] slots
+    stray = [slot for slot in sorted((int(b), int(o)) for b, o in changed)
+             if slot not in written and slot not in earlier]
+    if stray:
+        fail(f"{stage}: layer {layer}, K pool slots written that no position of the batch maps to", "none",
+             stray[:4], "write each valid position once, at its own slot, and nothing else")
+
+
 @check
 def check_write(cls, block_size: int = 4, seed: int = 0) -> None:
     """write(layer, k, v, positions) stores each valid position p of row b at block
@@ -303,93 +401,17 @@ def check_write(cls, block_size: int = 4, seed: int = 0) -> None:
     ]
     for number, (stage, new) in enumerate(rounds):
         seqs, positions, k, v = _batch(cache, stored, new, offset=10_000.0 * number)
-        want_lens = [stored[s] + new[s] for s in seqs]
+        _write_every_layer(cache, stage, seqs, stored, new, k, v, positions)
         for layer in range(layers):
-            kv_lens = cache.write(layer, k, v, positions)
-            got = [int(x) for x in torch.as_tensor(kv_lens).tolist()]
-            if got != want_lens:
-                b = next(i for i, (g, w) in enumerate(zip(got, want_lens)) if g != w)
-                s, w, g = seqs[b], want_lens[b], got[b]
-                capacity = [len(cache.tables[x]) * bs for x in seqs]
-                if got == capacity:
-                    hint = ("that is the slots reserved (len(table) * bs), right only when a row ends "
-                            "exactly on a block boundary: count the positions written, not the slots")
-                elif g == w - 1:
-                    hint = (f"one short: row {b} wrote positions up to {w - 1}, so it holds {w} keys; kv_len "
-                            "is the highest position written + 1")
-                elif g == w + 1:
-                    hint = "one too many: kv_len is the highest position written + 1, not + 2"
-                elif layer > 0 and g == w + new[s] * layer:
-                    hint = ("the count grew on every layer: the length was committed per layer, so layer "
-                            f"{layer} started from layer {layer - 1}'s new length")
-                else:
-                    hint = ("kv_len[b] = max(stored length, highest valid position in row b + 1); padding "
-                            "(-1) does not count")
-                fail(f"{stage}: kv_lens returned by write(layer={layer}) for rows {seqs} (row {b} had "
-                     f"{stored[s]} tokens and wrote {new[s]})", want_lens, got, hint)
-            if layer < layers - 1:
-                now = [cache.lengths[s] for s in seqs]
-                if now != [stored[s] for s in seqs]:
-                    fail(f"{stage}: lengths after write(layer={layer}) of {layers} layers",
-                         [stored[s] for s in seqs], now,
-                         "the length was committed per layer: only the last layer's write "
-                         f"(layer == {layers - 1}) may commit the new lengths, since every layer writes "
-                         "the same positions")
-        expect_equal([cache.lengths[s] for s in seqs], want_lens,
-                     f"{stage}: lengths after the last layer's write", "the last layer commits kv_lens "
-                     "as each sequence's new length (self.lengths and self.batch_lengths)")
-        for layer in range(layers):
-            # Padding first: a padding column's k (values >= 1e6) anywhere in the pool is the bug.
             pool = cache.k_pools[layer]
-            padded = (pool >= 1e6).all(dim=-1).all(dim=1).nonzero().tolist()        # [N, bs] slots
-            if padded:
-                slot = tuple(int(x) for x in padded[0])
-                fail(f"{stage}: layer {layer}, the K pool at (block, offset) {slot}",
-                     "no padding there", "the k of a padding column (position -1)",
-                     "padding was written: positions of -1 mark padding and must be skipped (write only "
-                     "where positions >= 0; slot_mapping gives -1 there, and -1 as an index is the "
-                     "pool's last slot)")
-            for b, s in enumerate(seqs):
-                table = cache.tables[s]
-                for t in range(new[s]):
-                    p = int(positions[b, t])
-                    block, offset = table[p // bs], p % bs
-                    if torch.equal(cache.k_pools[layer][block, :, offset], k[b, :, t]) and \
-                            torch.equal(cache.v_pools[layer][block, :, offset], v[b, :, t]):
-                        continue
-                    found = _where_is(cache, layer, k[b, :, t])
-                    same_position = [k[b2, :, t2] for b2, t2 in (positions == p).nonzero().tolist()]
-                    at_logical = cache.k_pools[layer][p // bs, :, offset]
-                    if (p // bs, offset) in found or any(torch.equal(at_logical, x) for x in same_position):
-                        hint = (f"it landed in block {p // bs}, the logical block number: the slot was "
-                                f"taken from the logical block and the table ignored. Look the physical "
-                                f"block up: block_tables[b, p // bs] (slot_mapping does it)")
-                    elif found:
-                        hint = (f"it landed at (block, offset) {found[0]}: the slot of position p is "
-                                "block_tables[b, p // bs] * bs + p % bs")
-                    elif torch.equal(cache.k_pools[layer][block, :, offset], k[b, :, t]):
-                        hint = "the keys are there but the values are not: write v into v_pools[layer]"
-                    else:
-                        hint = ("nothing was written there: scatter into self.k_pools[layer] and "
-                                "self.v_pools[layer] in place, indexed [block, :, offset]")
-                    fail(f"{stage}: layer {layer}, sequence {s} (row {b}), position {p}: K/V at "
-                         f"block {block} (table {table}), offset {offset}", "the k and v of that position",
-                         "something else", hint)
-            # Nothing else may have changed.
-            written = {(cache.tables[s][int(p) // bs], int(p) % bs)
-                       for b, s in enumerate(seqs) for p in positions[b].tolist() if p >= 0}
-            earlier = {(cache.tables[s][p // bs], p % bs) for s in stored for p in range(stored[s])}
-            changed = (pool != SENTINEL).any(dim=1).any(dim=-1).nonzero().tolist()   # [N, bs] slots
-            stray = [slot for slot in sorted((int(b), int(o)) for b, o in changed)
-                     if slot not in written and slot not in earlier]
-            if stray:
-                fail(f"{stage}: layer {layer}, K pool slots written that no position of the batch maps to",
-                     "none", stray[:4], "write each valid position once, at its own slot, and nothing else")
+            _expect_no_padding_written(pool, stage, layer)
+            _expect_landed(cache, stage, layer, seqs, new, k, v, positions)
+            _expect_nothing_stray(cache, pool, stage, layer, seqs, stored, positions)
         for s in seqs:
             stored[s] += new[s]
     passed(f"write: a ragged prefill, decode steps and a chunk across block boundaries (bs {bs}) land at "
            f"block_tables[b, p // bs], offset p % bs, in all {layers} layers; padding skipped; kv_lens "
-           "right at every boundary; lengths committed by the last layer only")
+           "right at every boundary; lengths committed by the last layer only; no other K slot written")
 
 
 @check
