@@ -575,16 +575,19 @@ ch01.check_review_kv_heads(r2_answer)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch01_deeper", "locked": true, "schema_version": 3, "solution": false}
 # ## Going deeper
 #
-# * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
-#   (SOSP 2023): the measurement of 20.4-38.2% KV utilization in earlier systems, and the paged
-#   cache this course builds.
-# * Ainslie et al., *GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
-#   Checkpoints* (2023), and Shazeer, *Fast Transformer Decoding: One Write-Head is All You Need*
-#   (2019): why KV heads are fewer than query heads, and what it does to bytes per token.
-# * Pope et al., *Efficiently Scaling Transformer Inference* (2022): memory and compute budgets of
-#   decoding, and why its speed is bounded by reading weights and the KV cache.
-# * DeepSeek-AI, *DeepSeek-V2* (2024): multi-head latent attention, which caches a compressed latent
-#   instead of K and V and changes the bytes-per-token arithmetic of this chapter.
+# * Kwon et al., [*Efficient Memory Management for Large Language Model Serving with PagedAttention*](https://doi.org/10.1145/3600006.3613165)
+#   (SOSP 2023, [arXiv:2309.06180](https://arxiv.org/abs/2309.06180)): the measurement of 20.4-38.2% KV utilization in earlier
+#   systems, and the paged cache this course builds.
+# * Ainslie et al., [*GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
+#   Checkpoints*](https://arxiv.org/abs/2305.13245) (2023), and Shazeer, [*Fast Transformer Decoding:
+#   One Write-Head is All You Need*](https://arxiv.org/abs/1911.02150) (2019): why KV heads are fewer
+#   than query heads, and what it does to bytes per token.
+# * Pope et al., [*Efficiently Scaling Transformer Inference*](https://arxiv.org/abs/2211.05102)
+#   (2022): memory and compute budgets of decoding, and why its speed is bounded by reading weights
+#   and the KV cache.
+# * DeepSeek-AI, [*DeepSeek-V2*](https://arxiv.org/abs/2405.04434) (2024): multi-head latent
+#   attention, which caches a compressed latent instead of K and V and changes the bytes-per-token
+#   arithmetic of this chapter.
 # * `python -m engine paged` stores the workload of section 1.6 in both the static and the paged
 #   cache; `python -m engine bench --simulate engine/configs/llama-2-13b.json --gpu A100-40GB`
 #   simulates serving it (engine/serve/README.md).

@@ -550,11 +550,11 @@ free_all(your_cache)
 #   a block, and a failed allocation changes nothing.
 #
 # **Going deeper.**
-# * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
-#   (SOSP 2023): the paper that brought block tables to the KV cache, and its analogy with an
-#   operating system's virtual memory.
-# * vLLM's `vllm/v1/core/block_pool.py`: a production free-block queue with reference counts, the
-#   bookkeeping your `BlockAllocator` does.
+# * Kwon et al., [*Efficient Memory Management for Large Language Model Serving with PagedAttention*](https://doi.org/10.1145/3600006.3613165)
+#   (SOSP 2023, [arXiv:2309.06180](https://arxiv.org/abs/2309.06180)): the paper that brought block tables to the KV cache, and its
+#   analogy with an operating system's virtual memory.
+# * vLLM's [`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/block_pool.py): a production free-block
+#   queue with reference counts, the bookkeeping your `BlockAllocator` does.
 # * PMPP (Hwu, Kirk, El Hajj), §20.7, on the memory needs of attention.
 # * Any operating-systems text on paging: logical pages, physical frames, page tables, and why
 #   fixed-size pages leave no external fragmentation.

@@ -480,12 +480,17 @@ ch03.check_q3_slot(answer_q3)
 #   it.
 #
 # **Going deeper.**
-# * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
-#   (SOSP 2023), the vLLM paper: the block table, the measured 20-38% utilization of earlier systems.
-# * vLLM's `vllm/v1/core/kv_cache_manager.py` (`allocate_slots` answers "no room" without touching
-#   state) and `block_pool.py`; nano-vllm's `block_manager.py` for the same ideas in ~100 lines.
+# * Kwon et al., [*Efficient Memory Management for Large Language Model Serving with PagedAttention*](https://doi.org/10.1145/3600006.3613165)
+#   (SOSP 2023, [arXiv:2309.06180](https://arxiv.org/abs/2309.06180)), the vLLM paper: the block table, the measured 20-38% utilization
+#   of earlier systems.
+# * vLLM's [`vllm/v1/core/kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_manager.py)
+#   (`allocate_slots` answers "no room" without touching state) and
+#   [`block_pool.py`](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/block_pool.py); nano-vllm's
+#   [`block_manager.py`](https://github.com/GeeeekExplorer/nano-vllm/blob/main/nanovllm/engine/block_manager.py)
+#   for the same ideas in ~100 lines.
 # * PMPP (Hwu, Kirk, El Hajj), §20.7, on the memory needs of attention.
-# * GPU Mode lecture 40 (FlashInfer) on paged and ragged attention kernels in production.
+# * [GPU Mode](https://github.com/gpu-mode/lectures) lecture 40 (FlashInfer) on paged and ragged
+#   attention kernels in production.
 #
 # **Next.** Chapter 4 lets several sequences share blocks: `fork` and copy-on-write, the
 # `shared_writes` your `reserve` already pays for.

@@ -514,12 +514,13 @@ print("your cache draws the engine's samples:", your_outputs == outputs)
 #   prompt cost one copy of its full blocks plus about one block per sample.
 #
 # **Going deeper.**
-# * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
-#   (SOSP 2023): parallel sampling and beam search share blocks through reference counts and
-#   copy-on-write, as in this chapter.
-# * vLLM's `vllm/v1/core/block_pool.py` and `kv_cache_manager.py`: reference-counted blocks in a
+# * Kwon et al., [*Efficient Memory Management for Large Language Model Serving with PagedAttention*](https://doi.org/10.1145/3600006.3613165)
+#   (SOSP 2023, [arXiv:2309.06180](https://arxiv.org/abs/2309.06180)): parallel sampling and beam search share blocks through reference
+#   counts and copy-on-write, as in this chapter.
+# * vLLM's [`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/block_pool.py) and
+#   [`kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_manager.py): reference-counted blocks in a
 #   production engine.
-# * Zheng et al., *SGLang: Efficient Execution of Structured Language Model Programs* (2024):
+# * Zheng et al., [*SGLang: Efficient Execution of Structured Language Model Programs*](https://arxiv.org/abs/2312.07104) (2024):
 #   RadixAttention shares cached blocks across requests through a prefix tree (chapter 5 builds a
 #   simpler prefix cache).
 # * `fork()` with copy-on-write pages in Unix: the operating-system idea this chapter borrows.

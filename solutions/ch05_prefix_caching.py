@@ -524,15 +524,17 @@ ch05.check_review_order(r2_answer)
 #
 # **Going deeper**
 #
-# * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
-#   (SOSP 2023): block sharing across sequences, the basis of prefix caching in vLLM.
-# * Zheng et al., *SGLang: Efficient Execution of Structured Language Model Programs* (2024):
+# * Kwon et al., [*Efficient Memory Management for Large Language Model Serving with PagedAttention*](https://doi.org/10.1145/3600006.3613165)
+#   (SOSP 2023, [arXiv:2309.06180](https://arxiv.org/abs/2309.06180)): block sharing across sequences, the basis of prefix caching in
+#   vLLM.
+# * Zheng et al., [*SGLang: Efficient Execution of Structured Language Model Programs*](https://arxiv.org/abs/2312.07104) (2024):
 #   RadixAttention, a radix tree over cached prefixes and cache-aware scheduling.
-# * vLLM's `vllm/v1/core/block_pool.py` and `kv_cache_manager.py`: block hashes chained on the
+# * vLLM's [`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/block_pool.py) and
+#   [`kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_manager.py): block hashes chained on the
 #   parent with extra keys and a per-request cache salt, a doubly linked free queue that evicts in
 #   O(1), and a full hit that still recomputes the last token.
-# * GPU Mode lecture 35 (SGLang) and lecture 40 (FlashInfer), on serving systems built around
-#   shared prefixes.
+# * [GPU Mode](https://github.com/gpu-mode/lectures) lecture 35 (SGLang) and lecture 40
+#   (FlashInfer), on serving systems built around shared prefixes.
 #
 # ## Summary
 #

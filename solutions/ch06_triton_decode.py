@@ -654,18 +654,23 @@ ch06.check_answer_loads(q3_loads)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch06_deeper", "locked": true, "schema_version": 3, "solution": false}
 # ## 6.8 Going deeper
 #
-# * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
-#   (SOSP 2023): the paged cache and the first paged attention kernels (vLLM).
-# * Dao et al., *FlashAttention* (2022), and the flash-decoding write-up (Dao, Haziza, Massa, Sizov,
-#   2023): the online softmax in tiles, and split-K for long-context decode.
-# * Ye et al., *FlashInfer* (2025) and GPU Mode lecture 40: paged and ragged attention kernels in
-#   production, with block tables as a first-class input.
-# * Triton's tutorials (fused softmax, fused attention) and Sasha Rush's *Triton-Puzzles*, which this
-#   chapter's primer follows: small kernels, a torch spec, a check in the interpreter.
+# * Kwon et al., [*Efficient Memory Management for Large Language Model Serving with PagedAttention*](https://doi.org/10.1145/3600006.3613165)
+#   (SOSP 2023, [arXiv:2309.06180](https://arxiv.org/abs/2309.06180)): the paged cache and the first paged attention kernels (vLLM).
+# * Dao et al., [*FlashAttention*](https://arxiv.org/abs/2205.14135) (2022), and the
+#   [flash-decoding write-up](https://crfm.stanford.edu/2023/10/12/flashdecoding.html) (Dao, Haziza,
+#   Massa, Sizov, 2023): the online softmax in tiles, and split-K for long-context decode.
+# * Ye et al., [*FlashInfer*](https://arxiv.org/abs/2501.01005) (2025) and
+#   [GPU Mode](https://github.com/gpu-mode/lectures) lecture 40: paged and ragged attention kernels
+#   in production, with block tables as a first-class input.
+# * [Triton's tutorials](https://triton-lang.org/main/getting-started/tutorials/index.html) (fused
+#   softmax, fused attention) and Sasha Rush's [*Triton-Puzzles*](https://github.com/srush/Triton-Puzzles),
+#   which this chapter's primer follows: small kernels, a torch spec, a check in the interpreter.
 # * Kirk, Hwu and El Hajj, *Programming Massively Parallel Processors*, 4th ed., §20.7 (the memory
 #   of the attention mechanism).
-# * vLLM's attention backends (`vllm/attention/`, `vllm/v1/attention/backends/`), whose paged decode
-#   kernels follow the structure of this chapter, adding FP8 caches and mixed prefill/decode batches.
+# * vLLM's attention backends
+#   ([`vllm/v1/attention/backends/`](https://github.com/vllm-project/vllm/tree/main/vllm/v1/attention/backends)),
+#   whose paged decode kernels follow the structure of this chapter, adding FP8 caches and mixed
+#   prefill/decode batches.
 #
 # ## Summary
 #

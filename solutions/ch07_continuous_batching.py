@@ -576,19 +576,21 @@ ch07.check_review_swap_ms(r3_answer)
 # * **Deadline-aware victims.** `choose_victim` sees every running sequence's blocks, computed tokens
 #   and age in O(1). Replace "newest" by "most slack to its deadline" or "cheapest to recompute" and
 #   measure time-to-first-token percentiles with `python -m engine bench --request-rate R`.
-# * **vLLM V1's unified scheduler** schedules every request's tokens in one budget each step
-#   (no separate prefill and decode phases) and preempts by recompute only; compare its
-#   `schedule()` with this engine's three-phase loop.
+# * **vLLM V1's unified scheduler**
+#   ([`vllm/v1/core/sched/scheduler.py`](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/sched/scheduler.py)) schedules every
+#   request's tokens in one budget each step (no separate prefill and decode phases) and preempts by
+#   recompute only; compare its `schedule()` with this engine's three-phase loop.
 # * **Swap or recompute, in the loop.** Run `python -m engine bench --simulate llama-2-13b --gpu
 #   A100-40GB --workload sharegpt --kinds max paged` and read how the paged run's preemptions split
 #   between the two modes; then raise `swap_min_tokens` in `SchedulerConfig`
 #   (`engine/serve/batch.py`) and watch recompute take over, or set `preemption="recompute"`,
 #   vLLM's choice, and compare tokens/s.
 # * **Chunked prefill and latency.** Vary `max_batched_tokens`: small budgets keep decodes flowing
-#   (low inter-token latency) at the price of a longer time to first token (Sarathi-Serve,
-#   Agrawal et al., OSDI 2024).
-# * **The paper.** Kwon et al., *Efficient Memory Management for Large Language Model Serving with
-#   PagedAttention*, SOSP 2023, section 4.5 (scheduling and preemption) and section 6 (evaluation).
+#   (low inter-token latency) at the price of a longer time to first token
+#   ([Sarathi-Serve](https://arxiv.org/abs/2403.02310), Agrawal et al., OSDI 2024).
+# * **The paper.** Kwon et al., [*Efficient Memory Management for Large Language Model Serving with PagedAttention*](https://doi.org/10.1145/3600006.3613165),
+#   SOSP 2023 ([arXiv:2309.06180](https://arxiv.org/abs/2309.06180)), section 4.5 (scheduling and preemption) and section 6
+#   (evaluation).
 #
 # ## Summary
 #

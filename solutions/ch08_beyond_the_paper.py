@@ -569,20 +569,28 @@ ch08.check_review_table_entries(r3_answer)
 #
 # ## Going deeper
 #
-# * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
-#   (SOSP 2023): the paper this course rebuilt.
-# * Zheng et al., *SGLang: Efficient Execution of Structured Language Model Programs* (2024):
+# * Kwon et al., [*Efficient Memory Management for Large Language Model Serving with PagedAttention*](https://doi.org/10.1145/3600006.3613165)
+#   (SOSP 2023, [arXiv:2309.06180](https://arxiv.org/abs/2309.06180)): the paper this course rebuilt.
+# * Zheng et al., [*SGLang: Efficient Execution of Structured Language Model Programs*](https://arxiv.org/abs/2312.07104) (2024):
 #   RadixAttention and cache-aware scheduling.
-# * DeepSeek-AI, *DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model*
-#   (2024): multi-head latent attention; the paper reports a 93.3% smaller KV cache than its MHA
-#   baseline.
-# * Liu et al., *KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache* (ICML 2024): grouped KV
-#   quantization with a full-precision window of recent tokens; Hooper et al., *KVQuant* (2024).
-# * Qin et al., *Mooncake: A KVCache-centric Disaggregated Architecture for LLM Serving* (2024); Zhong
-#   et al., *DistServe* (OSDI 2024); Patel et al., *Splitwise* (ISCA 2024): prefill and decode apart,
-#   KV moved between them.
-# * vLLM's documentation on quantized KV cache, automatic prefix caching and disaggregated prefilling,
-#   and its `vllm/v1/core/` block pool and KV cache manager.
+# * DeepSeek-AI, [*DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language
+#   Model*](https://arxiv.org/abs/2405.04434) (2024): multi-head latent attention; the paper reports a
+#   93.3% smaller KV cache than its MHA baseline.
+# * Liu et al., [*KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV
+#   Cache*](https://arxiv.org/abs/2402.02750) (ICML 2024): grouped KV quantization with a
+#   full-precision window of recent tokens; Hooper et al., [*KVQuant*](https://arxiv.org/abs/2401.18079)
+#   (2024).
+# * Qin et al., [*Mooncake: A KVCache-centric Disaggregated Architecture for LLM
+#   Serving*](https://arxiv.org/abs/2407.00079) (2024); Zhong et al.,
+#   [*DistServe*](https://arxiv.org/abs/2401.09670) (OSDI 2024); Patel et al.,
+#   [*Splitwise*](https://arxiv.org/abs/2311.18677) (ISCA 2024): prefill and decode apart, KV moved
+#   between them.
+# * vLLM's documentation on [quantized KV
+#   cache](https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/), [automatic prefix
+#   caching](https://docs.vllm.ai/en/latest/design/prefix_caching/) and [disaggregated
+#   prefilling](https://docs.vllm.ai/en/latest/features/disagg_prefill/), and its block pool
+#   ([`vllm/v1/core/block_pool.py`](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/block_pool.py)) and KV cache manager
+#   ([`kv_cache_manager.py`](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_manager.py)).
 #
 # ## Summary
 #
