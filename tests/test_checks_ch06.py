@@ -141,14 +141,14 @@ def python_number_starts(q_ptr, k_pool, v_pool, tables_ptr, lengths_ptr, out_ptr
     tl.store(out_ptr + seq * s_ob + head * s_oh + dims, (acc / l).to(out_ptr.dtype.element_ty))
 
 
-class Planted:
-    """A buggy kernel with its BUG switch set, launched like any kernel: `Planted(k, n)[grid](...)`."""
+class Planted(triton.runtime.KernelInterface if attention_pkg.triton_installed() else object):
+    """A buggy kernel with its BUG switch set, a Triton kernel like any other: `Planted(k, n)[grid](...)`."""
 
     def __init__(self, kernel, bug: int):
         self.kernel, self.bug = kernel, bug
 
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.kernel[grid](*args, BUG=self.bug, **kwargs)
+    def run(self, *args, grid, warmup, **kwargs):
+        return self.kernel[grid](*args, BUG=self.bug, **kwargs)
 
 
 DECODE_CHECKS = ["check_decode_kernel", "check_decode_garbage", "check_decode_large_scores"]
