@@ -242,7 +242,8 @@ def test_primer_bugs_are_named(bug, words):
 @pytest.fixture()
 def host():
     """The kernels as the grader's judge sees them: in a host process that runs the launches itself."""
-    with hosted(planted=Planted(buggy_gather, 6), right=gather_rows_program) as remotes:
+    with hosted(planted=Planted(buggy_gather, 6), right=gather_rows_program,
+                wrong_axis=Planted(buggy_decode, 10)) as remotes:
         yield remotes
 
 
@@ -251,6 +252,11 @@ def test_writes_outside_out_are_seen_when_the_kernel_lives_in_the_graders_host(h
     """make grade launches a host's kernel there: a write right of out's columns still fails the check."""
     passes(ch06.check_gather_rows, host["right"])
     fails_with(ch06.check_gather_rows, host["planted"], ["the store's mask must bound the columns too"])
+
+
+@needs_triton
+def test_a_shape_error_names_the_kernels_line_where_the_grader_runs_it(host):
+    fails_with(ch06.check_decode_kernel, host["wrong_axis"], ["your kernel crashed in buggy_decode", "valid[:, None]"])
 
 
 # ---- planted bugs: the decode kernel --------------------------------------------------------------
