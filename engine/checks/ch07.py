@@ -789,9 +789,10 @@ def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed
         fail("a pool that holds about two of six requests, preemption='auto': preemptions by mode",
              "both recompute and swap > 0", sched.preemptions,
              "preempt must use self.preemption_mode(seq) and count each preemption in self.preemptions")
+    aborted = [r for r in requests if r.request_id == victim and getattr(r, "aborted", False)]
     passed(f"serving under pressure (blocks of {block_size}): {sched.preemptions['recompute']} recompute "
-           f"and {sched.preemptions['swap']} swap preemptions, one request aborted; every output equals its "
-           f"solo run, every logit a from-scratch run within {ATOL:g}; no block leaked")
+           f"and {sched.preemptions['swap']} swap preemptions" + (", one request aborted mid-run" if aborted else "")
+           + f"; every output equals its solo run, every logit a from-scratch run within {ATOL:g}; no block leaked")
 
 
 # ---- auto-graded review questions ----------------------------------------------------------------
