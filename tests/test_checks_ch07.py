@@ -261,6 +261,8 @@ def test_bug_costs_only_its_own_exercise(check, bug):
                                       "self.lengths[seq] = saved.length"]),
     (Scheduler, SwapInLengthIsCapacity, ["check_swap fails", "capacity of its blocks"]),
     (OldestVictim, PagedKVCache, ["the ones preempted", "expected [4], got [1]", "oldest request was preempted"]),
+    (AdmitCountsFutureOutput, PagedKVCache, ["preemptions by mode", "check_admit fails on your scheduler too",
+                                             "counted the output the sequence may still generate"]),
 ], ids=by_name)
 def test_bug_fails_serving_under_pressure(scheduler, cache, words):
     message = fails_with(serving(scheduler, cache), None, words)
