@@ -16,7 +16,8 @@ With COURSE_EXPLORERS=static in the environment, only the default state is drawn
 text, no widget): for runs that nobody looks at.
 
 Pictures are drawn at DPI (twice the 72 px per inch they are shown at, so they stay sharp); each is
-audited for text too small at the book's width (engine/course/figures). states_without_picture() names
+audited for text too small on a desktop and on a phone (engine/course/figures), and a state's
+pictures sit side by side where they fit, one under the other on a phone. states_without_picture() names
 the states that draw nothing while others draw: an explorer should show a picture at every position.
 """
 from __future__ import annotations
@@ -102,14 +103,14 @@ def render(draw: Callable, values: dict) -> tuple[str, list[bytes]]:
             plt.close(number)
         raise RuntimeError(f"explorer: {getattr(draw, '__name__', 'draw')}(**{values}) raised "
                            f"{type(error).__name__}: {error}") from error
-    from engine.course.figures import audit
+    from engine.course.figures import audit, png_metadata
 
     images = []
     for number in sorted(set(plt.get_fignums()) - before):
         figure = plt.figure(number)
         audit(figure, f"explorer {getattr(draw, '__name__', 'draw')}{values}", px_per_inch=DPI / PIXELS_PER_PX)
         buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+        figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", metadata=png_metadata(figure, DPI))
         plt.close(figure)
         images.append(buffer.getvalue())
     return text.getvalue(), images
@@ -226,7 +227,8 @@ STYLE = (".course-explorer{border:1px solid #ccc;border-radius:4px;padding:.5em;
          ".course-explorer-control{display:inline-flex;align-items:center;gap:.4em;font-size:90%}"
          ".course-explorer-value{min-width:2.5em;font-family:monospace}"
          ".course-explorer-text{margin:.2em 0;font-size:85%;white-space:pre-wrap}"
-         ".course-explorer-figures img{max-width:100%;display:block}"
+         ".course-explorer-figures{display:flex;flex-wrap:wrap;gap:.5em;align-items:flex-start}"
+         ".course-explorer-figures img{max-width:100%;height:auto;display:block}"
          ".course-explorer-note{font-size:80%;color:#666}")
 
 

@@ -1,11 +1,17 @@
 """Plotting helpers of the chapters: the figure code lives here, so a chapter page shows the call and the picture.
 
-Every figure must read at the book's width: drawn at BOOK_WIDTH_PX or narrower, no text smaller than
-MIN_TEXT_PX once the picture is scaled to fit (small_text() lists what breaks that). Importing this
-package sets the course's style (text of 12 pt) and, in a notebook's kernel, shows figures at twice
-their pixels ("retina"), so they stay sharp on any screen. With COURSE_FIGURE_AUDIT naming a file (the
-book's build sets it), every figure shown, inline or in an explorer, appends its small texts there as
-one JSON line; tests/test_course_book.py reads them from the executed chapters.
+Every figure must read in the book on a desktop and on a phone: no text smaller than MIN_TEXT_PX once
+the picture is scaled to fit the book's column at a 1,280 px window (BOOK_WIDTH_PX), nor smaller than
+MIN_PHONE_TEXT_PX at a 390 px phone (PHONE_WIDTH_PX): small_text() lists what breaks that. So a
+figure is about 5 inches wide at most, and a figure of two panels side by side is drawn as two
+figures, which the page sets side by side where they fit and one under the other on a phone.
+Importing this package sets the course's style (text of 12 pt, 72 px per inch: 1 pt of a figure is
+1 CSS px at its natural size) and, in a notebook's kernel, shows figures at twice their pixels
+("retina"), so they stay sharp on any screen. Every PNG carries the size of its smallest text in its
+own pixels (TEXT_PX_KEY, a PNG text chunk), so a browser test can measure the text as shown. With
+COURSE_FIGURE_AUDIT naming a file (the book's build sets it), every figure shown, inline or in an
+explorer, appends its small texts there as one JSON line; tests/test_course_book.py reads them from
+the executed chapters.
 """
 from __future__ import annotations
 
@@ -18,11 +24,14 @@ import matplotlib
 import matplotlib.pyplot as plt
 
 BOOK_WIDTH_PX = 670   # CSS px a picture gets in the book's column at a 1,280 px window (an explorer's)
-MIN_TEXT_PX = 11      # the smallest text, in CSS px (1 pt of a figure = 1 px at its natural size)
+MIN_TEXT_PX = 11      # the smallest text there, in CSS px (1 pt of a figure = 1 px at its natural size)
+PHONE_WIDTH_PX = 340  # CSS px a picture gets at a 390 px phone (an explorer's; an output's is 358)
+MIN_PHONE_TEXT_PX = 10
 PAD_INCHES = 0.1      # savefig's pad around the tight bounding box
 AUDIT_ENV = "COURSE_FIGURE_AUDIT"
+TEXT_PX_KEY = "course-smallest-text-px"  # PNG text chunk: the smallest text's size in the PNG's pixels
 STYLE = {"font.size": 12, "axes.titlesize": 12, "axes.labelsize": 12, "xtick.labelsize": 11,
-         "ytick.labelsize": 11, "legend.fontsize": 11, "figure.titlesize": 12}
+         "ytick.labelsize": 11, "legend.fontsize": 11, "figure.titlesize": 12, "figure.dpi": 72}
 
 
 def shown_width_px(fig, px_per_inch: float = 72) -> float:
@@ -32,18 +41,50 @@ def shown_width_px(fig, px_per_inch: float = 72) -> float:
     return (box.width + 2 * PAD_INCHES) * px_per_inch
 
 
-def small_text(fig, px_per_inch: float = 72, width_px: float = BOOK_WIDTH_PX,
-               minimum: float = MIN_TEXT_PX) -> list[str]:
-    """Each visible text of fig that shows smaller than `minimum` CSS px once the figure, shown at
-    `px_per_inch`, is scaled down to fit `width_px`: '"logical 0 → block 7" 8 pt shows at 6.1 px'."""
-    scale = min(1.0, width_px / shown_width_px(fig, px_per_inch))
+def texts(fig) -> list:
+    """The visible, non-empty texts of fig."""
+    return [text for text in fig.findobj(matplotlib.text.Text)
+            if text.get_visible() and text.get_text().strip() and text.get_figure() is fig]
+
+
+def small_text(fig, px_per_inch: float = 72,
+               widths: tuple = ((BOOK_WIDTH_PX, MIN_TEXT_PX, "desktop"),
+                                (PHONE_WIDTH_PX, MIN_PHONE_TEXT_PX, "phone"))) -> list[str]:
+    """Each visible text of fig that shows smaller than its minimum once the figure, shown at
+    `px_per_inch`, is scaled down to fit each (width px, minimum px, where) of `widths`:
+    '"logical 0 → block 7" 11 pt shows at 6.1 px on a phone (under 10)'."""
     found = []
-    for text in fig.findobj(matplotlib.text.Text):
-        if text.get_visible() and text.get_text().strip() and text.get_figure() is fig:
+    for width_px, minimum, where in widths:
+        scale = min(1.0, width_px / shown_width_px(fig, px_per_inch))
+        for text in texts(fig):
             size = text.get_fontsize() * px_per_inch / 72 * scale
             if size < minimum - 1e-6:
-                found.append(f"{text.get_text().strip()[:40]!r} {text.get_fontsize():g} pt shows at {size:.1f} px")
+                found.append(f"{text.get_text().strip()[:40]!r} {text.get_fontsize():g} pt shows at {size:.1f} px "
+                             f"on a {where} (under {minimum})")
     return found
+
+
+def png_metadata(fig, dpi: float) -> dict:
+    """savefig's metadata for a PNG of fig at `dpi`: no Software stamp (the same figure gives the same
+    bytes), and the size of its smallest text in the PNG's own pixels (TEXT_PX_KEY)."""
+    sizes = [text.get_fontsize() for text in texts(fig)]
+    smallest = min(sizes) * dpi / 72 if sizes else 0
+    return {"Software": None, TEXT_PX_KEY: f"{smallest:.2f}"}
+
+
+def smallest_text_px(png: bytes) -> float | None:
+    """The TEXT_PX_KEY a course PNG carries (None if it has none): its smallest text, in its pixels."""
+    at = 8
+    while at + 8 <= len(png):
+        length, kind = int.from_bytes(png[at:at + 4], "big"), png[at + 4:at + 8]
+        if kind == b"tEXt":
+            key, _, value = png[at + 8:at + 8 + length].partition(b"\0")
+            if key.decode("latin-1") == TEXT_PX_KEY:
+                return float(value)
+        if kind == b"IEND":
+            break
+        at += 12 + length
+    return None
 
 
 def audit(fig, where: str, px_per_inch: float = 72) -> None:
@@ -63,7 +104,7 @@ def _retina_png(fig):
     from IPython.core.pylabtools import retina_figure
 
     audit(fig, "inline", px_per_inch=fig.dpi)
-    return retina_figure(fig, base64=True, bbox_inches="tight")
+    return retina_figure(fig, base64=True, bbox_inches="tight", metadata=png_metadata(fig, 2 * fig.dpi))
 
 
 def _use_course_style() -> None:

@@ -15,7 +15,8 @@ def draw_pool(cache, title: str = "") -> None:
     owner = {block: (seq, index) for seq, table in cache.tables.items() for index, block in enumerate(table)}
     bs, num_blocks = cache.block_size, cache.allocator.num_blocks
     colours = plt.get_cmap("tab10")
-    fig, ax = plt.subplots(figsize=(min(2.4 + 0.42 * bs, 9), 0.34 * num_blocks + 0.9))
+    pitch, label = min(0.42, 3.2 / bs), 1.5                 # inches per slot, inches of row label
+    fig, ax = plt.subplots(figsize=(label + pitch * bs + 0.1, 0.34 * num_blocks + 1.1))
 
     def row_label(block: int) -> str:
         seq, index = owner.get(block, (None, None))
@@ -31,8 +32,8 @@ def draw_pool(cache, title: str = "") -> None:
         return face, str(pos) if stored and bs <= 16 else ""
 
     draw_slot_rows(ax, num_blocks, bs, row_label, slot)
-    ax.set_xlim(-4.2, bs + 0.1)
-    ax.set_title(title or "the pool: one row per physical block, the number in a slot is its position",
+    ax.set_xlim(-label / pitch, bs + 0.1)
+    ax.set_title(title or "the pool: one row per physical block,\nthe number in a slot is its position",
                  fontsize=11)
     fig.tight_layout()
     plt.show()
@@ -43,7 +44,7 @@ def plot_block_size_sweep(sweep: Sequence[dict], static_utilization: float | Non
     """Utilization (left axis) and mean block-table length (right axis, log) against block size (log),
     one point per block size; `static_utilization` draws the static cache's level for comparison."""
     sizes = [row["block_size"] for row in sweep]
-    fig, left = plt.subplots(figsize=(6.8, 3.8))
+    fig, left = plt.subplots(figsize=(5, 3.8))
     left.plot(sizes, [row["utilization"] for row in sweep], ".-", color="tab:blue", label="paged utilization")
     if static_utilization is not None:
         left.axhline(static_utilization, color="tab:red", ls=":", label="static slots of 1,024")
@@ -59,6 +60,6 @@ def plot_block_size_sweep(sweep: Sequence[dict], static_utilization: float | Non
                label="mean block-table length")
     right.set(yscale="log", ylabel="block-table entries per request")
     fig.legend(loc="lower left", bbox_to_anchor=(0.13, 0.17), fontsize=11)
-    left.set_title("Smaller blocks waste less; larger blocks mean shorter tables", fontsize=11)
+    left.set_title("Smaller blocks waste less;\nlarger blocks mean shorter tables", fontsize=11)
     fig.tight_layout()
     plt.show()

@@ -30,7 +30,7 @@ def draw_tables(cache, seqs: Sequence[int], title: str) -> None:
 def plot_blocks_in_use(steps: Sequence[int], without: Sequence[int], with_sharing: Sequence[int],
                        samples: int, prompt_len: int, block_size: int) -> None:
     """Blocks in use against tokens generated per sample: independent copies vs forks."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig, ax = plt.subplots(figsize=(5, 3.4))
     ax.step(steps, without, where="post", label=f"{samples} independent copies", color="tab:red")
     ax.step(steps, with_sharing, where="post", label=f"{samples} forks, copy-on-write",
             color="tab:blue")

@@ -80,8 +80,11 @@ def prefix_tree_walk(prefix_class=PrefixCache, num_blocks: int = 14) -> list[Sna
             cache.free(seqs[arg])
             what = f"{arg} finishes: its sequence lets go of its blocks"
         elif kind == "evict":
+            before = {key: _name(entry.tokens) for key, entry in prefix.entries.items()}
             freed = prefix.evict(cache.allocator.num_free + arg)
-            what = f"the pool runs low: evict({arg} more free block{'s' if arg > 1 else ''}) takes {freed}"
+            taken = [name for key, name in before.items() if key not in prefix.entries]
+            what = (f"the pool runs low: evict({arg} more free block{'s' if arg > 1 else ''}) takes {freed}"
+                    + (f" ({', '.join(taken)})" if taken else ""))
         else:
             what = "an empty cache"
         snap = Snapshot(what, free_blocks=cache.allocator.num_free)
@@ -105,8 +108,9 @@ def comparable(snapshots: list[Snapshot]) -> list[tuple]:
 
 
 def draw_prefix_tree(snap: Snapshot, step: int | None = None) -> None:
-    """The cached blocks as a tree (a chain per prompt, sharing its common start), coloured by state;
-    beside it, the eviction line, the live sequences and the free blocks."""
+    """The cached blocks as a tree (a chain per prompt, sharing its common start), coloured by state,
+    under a title naming the step; printed beside it, the eviction line, the live sequences and the
+    free blocks. A cache that holds no block says so in the picture."""
     children: dict[int | None, list[int]] = {}
     for key, node in snap.nodes.items():
         children.setdefault(node["parent"], []).append(key)
@@ -125,35 +129,39 @@ def draw_prefix_tree(snap: Snapshot, step: int | None = None) -> None:
     for root in sorted(children.get(None, []), key=lambda k: snap.nodes[k]["name"]):
         lay(root, 0)
     height = max(rows[0], 3)
-    fig, (tree, side) = plt.subplots(1, 2, figsize=(9, 0.7 * height + 1.3), gridspec_kw={"width_ratios": [3, 2]})
+    fig, tree = plt.subplots(figsize=(4.9, 0.7 * height + 1.6))
     for key, (x, y) in place.items():
         node = snap.nodes[key]
         if node["parent"] in place:
             px, py = place[node["parent"]]
-            tree.plot([px + 0.8, x], [py + 0.3, y + 0.3], color="gray", lw=1, zorder=0)
+            tree.plot([px + 0.9, x], [py + 0.3, y + 0.3], color="gray", lw=1, zorder=0)
         if node["owners"]:
             color, note = "tab:orange", f"held by {node['owners']}"
         elif node["place"]:
             color, note = "tab:green", f"evict #{node['place']}"
         else:
             color, note = "lightgray", "has a child"
-        tree.add_patch(plt.Rectangle((x, y), 0.8, 0.6, facecolor=color, edgecolor="black"))
-        tree.text(x + 0.4, y + 0.42, f"{node['name']} (blk {node['block']})", ha="center", va="center", fontsize=11)
-        tree.text(x + 0.4, y + 0.16, note, ha="center", va="center", fontsize=11)
-    tree.set_xlim(-0.1, 3.1)
+        tree.add_patch(plt.Rectangle((x, y), 0.9, 0.6, facecolor=color, edgecolor="black"))
+        tree.text(x + 0.45, y + 0.42, f"{node['name']} (blk {node['block']})", ha="center", va="center", fontsize=11)
+        tree.text(x + 0.45, y + 0.16, note, ha="center", va="center", fontsize=11)
+    if not place:
+        total = snap.free_blocks
+        tree.text(1.5, -0.5, f"no cached blocks:\nall {total} blocks of the pool are free", ha="center",
+                  va="center", fontsize=11, color="dimgray")
+    tree.set_xlim(-0.05, 3.0)
     tree.set_ylim(-height + 0.5, 1.0)
     tree.axis("off")
     title = ("" if step is None else f"step {step}: ") + snap.event
-    tree.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=11, loc="left")
-    side.axis("off")
-    lines = textwrap.wrap("eviction line (next first): " + (", ".join(snap.line) or "empty"), 34,
-                          subsequent_indent="  ")
-    lines += ["", "live sequences (table):"]
-    lines += [f"  {r}: {', '.join(t)}" for r, t in snap.live.items()] or ["  none"]
-    lines += ["", f"free blocks: {snap.free_blocks}", "", "orange: a sequence holds it", "green: evictable",
-              "gray: cached, a child hangs on it"]
-    side.text(0, 1, "\n".join(lines), va="top", fontsize=11, family="monospace", transform=side.transAxes)
+    tree.set_title("\n".join(textwrap.wrap(title, 44)), fontsize=11, loc="left")
+    legend = [plt.Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="black") for c in ("tab:orange", "tab:green",
+                                                                                  "lightgray")]
+    tree.legend(legend, ["a sequence holds it", "evictable", "cached, a child hangs on it"], fontsize=11,
+                loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False, handlelength=1)
     fig.tight_layout()
+    print("\n".join(textwrap.wrap("eviction line (next first): " + (", ".join(snap.line) or "empty"), 60,
+                                  subsequent_indent="  ")))
+    print("live sequences (table): " + ("; ".join(f"{r}: {', '.join(t)}" for r, t in snap.live.items()) or "none"))
+    print(f"free blocks: {snap.free_blocks}")
     plt.show()
 
 
@@ -180,18 +188,17 @@ def sharing_growth(max_requests: int = 16, system_tokens: int = 96, own_tokens: 
 
 
 def plot_sharing_growth(growth: dict[str, list[int]], title: str) -> None:
-    """Two panels against the number of requests: prompt tokens prefilled, KV blocks held."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    """Two figures against the number of requests (side by side where they fit): prompt tokens
+    prefilled, KV blocks held."""
     n = growth["requests"]
-    left.plot(n, growth["prefilled_without"], color="tab:red", marker=".", label="no prefix cache")
-    left.plot(n, growth["prefilled"], color="tab:blue", marker=".", label="prefix cache")
-    left.set(xlabel="requests served", ylabel="prompt tokens prefilled", title="Prefill work")
-    right.plot(n, growth["blocks_without"], color="tab:red", marker=".", label="no prefix cache")
-    right.plot(n, growth["blocks"], color="tab:blue", marker=".", label="prefix cache")
-    right.set(xlabel="requests served", ylabel="KV blocks held", title="Memory")
-    for ax in (left, right):
+    for key, ylabel, name in (("prefilled", "prompt tokens prefilled", "Prefill work"),
+                              ("blocks", "KV blocks held", "Memory")):
+        fig, ax = plt.subplots(figsize=(4.4, 3.3))
+        ax.plot(n, growth[f"{key}_without"], color="tab:red", marker=".", label="no prefix cache")
+        ax.plot(n, growth[key], color="tab:blue", marker=".", label="prefix cache")
+        ax.set(xlabel="requests served", ylabel=ylabel)
+        ax.set_title(f"{name}\n{title}", fontsize=11)
         ax.legend(fontsize=11)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    plt.show()
+        fig.tight_layout()
+        plt.show()

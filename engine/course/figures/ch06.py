@@ -31,7 +31,7 @@ def plot_online_softmax(scores: torch.Tensor, trace: Sequence[dict], block_n: in
     """Scores by key position with the tiles marked and the running max after each tile (top); the
     running sum l after each tile against the exact sum exp(s - max) over all keys (bottom)."""
     pos = range(scores.numel())
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 4.6), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 4.8), sharex=True)
     top.plot(pos, scores.tolist(), ".", color="tab:blue", label="score of key j")
     for row in trace:
         lo, hi = row["keys"]
@@ -56,12 +56,12 @@ def plot_decode_traffic(contexts: Sequence[int], kv_gib: dict[int, Sequence[floa
                         bandwidth_gbs: float, model: str) -> None:
     """GiB read per decode step against context, one line per batch size, with the weights for scale;
     the right axis converts bytes to the time they take at `bandwidth_gbs`."""
-    fig, ax = plt.subplots(figsize=(6.8, 3.8))
+    fig, ax = plt.subplots(figsize=(5, 3.8))
     for batch, values in kv_gib.items():
         ax.plot(contexts, values, ".-", label=f"K/V, batch {batch}")
     ax.axhline(weights_gib, color="black", ls="--", lw=0.8, label="the weights (read once per step)")
     ax.set(xscale="log", yscale="log", xlabel="context length (tokens per sequence)",
-           ylabel="GiB read per decode step", title=f"{model}: what one decode step reads (fp16)")
+           ylabel="GiB read per decode step", title=f"{model}: what one decode step\nreads (fp16)")
     ax.set_xticks(list(contexts), [f"{c // 1024}K" if c >= 1024 else str(c) for c in contexts])
     right = ax.secondary_yaxis("right", functions=(lambda g: g * 2**30 / (bandwidth_gbs * 1e9) * 1e3,
                                                    lambda ms: ms * 1e-3 * bandwidth_gbs * 1e9 / 2**30))
@@ -73,11 +73,14 @@ def plot_decode_traffic(contexts: Sequence[int], kv_gib: dict[int, Sequence[floa
 
 def draw_kernel_walk(tables: torch.Tensor, lengths: Sequence[int], num_blocks: int, block_size: int,
                      seq: int, tile: int, block_n: int) -> None:
-    """The pool as rows of slots; the slots program (seq, h) reads in one tile are green, the
-    positions of that tile past the sequence's end (masked) are marked red on the tile's row. A tile
-    past the last one the kernel visits is drawn too, all red: it reads nothing."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 0.34 * num_blocks + 1.3),
-                                      gridspec_kw={"width_ratios": [1.25, 1]})
+    """Two figures (side by side where they fit): the pool as rows of slots, the slots program
+    (seq, h) reads in one tile green; and the tile's positions, with its table lookups, those past the
+    sequence's end (masked) red. A tile past the last one the kernel visits is drawn too, all red: it
+    reads nothing."""
+    fig, left = plt.subplots(figsize=(1.9 + 0.36 * block_size, 0.34 * num_blocks + 1.1))
+    pitch = min(0.42, 4.2 / block_n)       # inches per position of the tile's strip
+    tall = block_n > 8                     # rotated labels need room under the strip
+    fig_tile, right = plt.subplots(figsize=(pitch * block_n + 0.6, 3.1 if tall else 1.9))
     n = lengths[seq]
     tiles = -(-n // block_n)
     positions = range(tile * block_n, (tile + 1) * block_n)
@@ -98,8 +101,9 @@ def draw_kernel_walk(tables: torch.Tensor, lengths: Sequence[int], num_blocks: i
         return (*colours(s % 10)[:3], 0.35) if stored else "white", ""
 
     draw_slot_rows(left, num_blocks, block_size, row_label, slot)
-    left.set_xlim(-5.5, block_size + 0.1)
+    left.set_xlim(-1.9 / 0.36, block_size + 0.1)
     left.set_title("the pool (green: read by this tile,\nthe number is its position)", fontsize=11)
+    fig.tight_layout()
     # The tile's positions: which logical block, which physical block, and the tail mask.
     for col, p in enumerate(positions):
         logical = p // block_size
@@ -112,11 +116,11 @@ def draw_kernel_walk(tables: torch.Tensor, lengths: Sequence[int], num_blocks: i
             name = f"T[{logical}]={int(tables[seq, logical])}" if valid else f"T[{logical}]: -"
             right.text(col + 0.05, -0.25, name, fontsize=11, ha="left", va="top", rotation=-90 if block_n > 8 else 0)
     right.set_xlim(-0.2, block_n + 0.2)
-    right.set_ylim(-3.2 if block_n > 8 else -1.6, 1.2)
+    right.set_ylim(-3.2 if tall else -1.6, 1.2)
     right.axis("off")
     head = f"sequence {seq} ({n} keys, {tiles} tile{'s' if tiles != 1 else ''} of {block_n}), tile {tile}"
     body = (f"positions {positions.start}..{positions.stop - 1}; red = past the end, masked" if tile < tiles
             else "past the last tile: the kernel never runs it")
-    right.set_title("\n".join([head] + textwrap.wrap(body, 42)), fontsize=11)
-    fig.tight_layout()
+    right.set_title("\n".join(textwrap.wrap(head, 46) + textwrap.wrap(body, 46)), fontsize=11)
+    fig_tile.tight_layout()
     plt.show()

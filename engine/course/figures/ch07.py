@@ -7,6 +7,8 @@ scheduler and caches, modelled step times). Both use the bench's public pieces (
 """
 from __future__ import annotations
 
+import textwrap
+
 import torch
 
 from engine.cache.paged import PagedKVCache
@@ -99,7 +101,7 @@ def decode_rates(config: str = "llama-2-13b", gpu: str = "A100-40GB", context: i
 def plot_decode_rates(rows: list[dict], title: str = ""):
     """Tokens/s against batch size (log-log), the batches that fit the KV budget drawn solid."""
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig, ax = plt.subplots(figsize=(5, 3.6))
     batches = [r["batch"] for r in rows]
     ax.plot(batches, [r["tokens_per_s"] for r in rows], color="lightgray", ls="--", zorder=1)
     fits = [r for r in rows if r["fits"]]
@@ -113,7 +115,7 @@ def plot_decode_rates(rows: list[dict], title: str = ""):
     ax.set_ylabel("output tokens/s")
     ax.legend(fontsize=11)
     if title:
-        ax.set_title(title, fontsize=11)
+        ax.set_title("\n".join(textwrap.wrap(title, 48)), fontsize=11)
     fig.tight_layout()
     plt.show()
 
@@ -121,7 +123,7 @@ def plot_decode_rates(rows: list[dict], title: str = ""):
 def plot_fill_and_batch(metrics: dict, title: str = "", time_unit: str = "s"):
     """KV pool fill (tokens held / pool) and running sequences over engine time, one line per run."""
     import matplotlib.pyplot as plt
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 4.2))
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(5, 4.4))
     for label, run in metrics.items():
         times = [s.time for s in run.steps]
         top.plot(times, [s.live_tokens / s.pool_tokens for s in run.steps], label=label, lw=1.2)
@@ -132,7 +134,7 @@ def plot_fill_and_batch(metrics: dict, title: str = "", time_unit: str = "s"):
     bottom.set_xlabel(f"engine time ({time_unit})")
     top.legend(loc="lower right", fontsize=11)
     if title:
-        top.set_title(title, fontsize=11)
+        top.set_title("\n".join(textwrap.wrap(title, 48)), fontsize=11)
     fig.tight_layout()
     plt.show()
 
@@ -160,7 +162,7 @@ def plot_trace(trace: list[dict], num_blocks: int, title: str = ""):
     """Blocks in use and the three queues per step, preemptions marked (the chapter's walk-through)."""
     import matplotlib.pyplot as plt
     steps = range(1, len(trace) + 1)
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 3.8))
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(5, 4.0))
     top.plot(steps, [num_blocks - t["free_blocks"] for t in trace], color="tab:blue")
     top.axhline(num_blocks, color="gray", ls=":", lw=1)
     top.set_ylabel("blocks in use")
@@ -174,7 +176,7 @@ def plot_trace(trace: list[dict], num_blocks: int, title: str = ""):
     bottom.set_xlabel("engine step (red: x recompute, v swap)")
     bottom.legend(fontsize=11, ncol=3)
     if title:
-        top.set_title(title, fontsize=11)
+        top.set_title("\n".join(textwrap.wrap(title, 48)), fontsize=11)
     fig.tight_layout()
     plt.show()
 

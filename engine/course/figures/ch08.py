@@ -3,6 +3,7 @@ int8 blocks of the same KV budget, how each way of fixing a block's scale reads 
 trade-off of GQA against MLA. The chapter computes the numbers it prints; these functions draw them."""
 from __future__ import annotations
 
+import textwrap
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -45,20 +46,25 @@ def simulated_capacity(config_name: str = "llama-2-13b", gpu_name: str = "A100-4
 
 
 def plot_capacity(runs: Sequence[dict], title: str) -> None:
-    """Bars per KV format: blocks in the pool and concurrent sequences (mean while requests queue)."""
-    fig, axes = plt.subplots(1, 3, figsize=(9, 3))
+    """One row of bars per figure (blocks in the pool, concurrent sequences while requests queue,
+    output tokens/s), one bar per KV format."""
     names = [run["kv"] for run in runs]
     colors = ["tab:blue", "tab:green", "tab:orange"][:len(runs)]
+    fig, axes = plt.subplots(3, 1, figsize=(5, 0.55 * len(runs) * 3 + 2.2))
     for ax, key, label in zip(axes, ("blocks", "concurrent_mean", "output_tokens_per_s"),
                               ("blocks of 16 in the pool", "concurrent sequences (mean)",
                                "output tokens/s (simulated)")):
         values = [run[key] for run in runs]
-        ax.bar(names, values, color=colors)
-        for x, value in enumerate(values):
-            ax.text(x, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=11)
-        ax.set_title(label, fontsize=11)
-        ax.margins(y=0.15)
-    fig.suptitle(title, fontsize=11)
+        ax.barh(names, values, color=colors)
+        for y, value in enumerate(values):
+            ax.text(value, y, f" {value:,.0f}", ha="left", va="center", fontsize=11)
+        ax.set_title(label, fontsize=11, loc="left")
+        ax.invert_yaxis()
+        ax.margins(x=0.22)
+        ax.set_xticks([])
+        for side in ("top", "right", "bottom"):
+            ax.spines[side].set_visible(False)
+    fig.suptitle("\n".join(textwrap.wrap(title, 46)), fontsize=11)
     fig.tight_layout()
     plt.show()
 
@@ -98,45 +104,45 @@ def readback_errors(values: torch.Tensor) -> dict[str, list[float]]:
 
 def plot_readback_error(errors: dict[str, Sequence[float]], block_size: int) -> None:
     """Largest readback error of each token of one block, per way of setting the block's scale."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    fig, ax = plt.subplots(figsize=(5, 3.4))
     for (name, values), color in zip(errors.items(), ["tab:red", "tab:blue", "tab:gray"]):
         ax.plot(range(block_size), values, marker="o", color=color, label=name)
     ax.set_yscale("log")
     ax.set(xlabel="offset of the token in its block", ylabel="max |stored - read back|",
            title="Tokens written one at a time into one block")
-    ax.legend(fontsize=11)
+    ax.legend(fontsize=11, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     fig.tight_layout()
     plt.show()
 
 
 def plot_block_tradeoff(per_token: dict[str, int], block_sizes: Sequence[int], context: int,
                         marker: int | None = None) -> None:
-    """Two panels against the block size: bytes per block, and table entries for one long sequence
-    (a dashed line at `marker`, the block size being explored)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.3))
-    if marker is not None:
-        for ax in (left, right):
-            ax.axvline(marker, color="black", ls="--", lw=1)
+    """Two figures against the block size (side by side where they fit): bytes per block, and table
+    entries for one long sequence (a dashed line at `marker`, the block size being explored)."""
+    fig, left = plt.subplots(figsize=(4.4, 3.3))
     for name, bytes_per_token in per_token.items():
         left.plot(block_sizes, [b * bytes_per_token / MiB for b in block_sizes], marker="o", label=name)
     left.axhline(16 * max(per_token.values()) / MiB, color="gray", ls=":", lw=1)
     left.set(xscale="log", yscale="log", xlabel="block size (tokens)", ylabel="MiB per block",
              title="Bytes one block holds")
-    left.set_xticks(block_sizes, [str(b) for b in block_sizes])
     left.legend(fontsize=11)
+    fig_table, right = plt.subplots(figsize=(4.4, 3.3))
     right.plot(block_sizes, [-(-context // b) for b in block_sizes], marker="o", color="tab:purple")
     right.set(xscale="log", yscale="log", xlabel="block size (tokens)", ylabel="table entries",
-              title=f"Block table of one {context:,}-token sequence")
-    right.set_xticks(block_sizes, [str(b) for b in block_sizes])
-    fig.tight_layout()
+              title=f"Block table of one {context:,}-token\nsequence")
+    for figure, ax in ((fig, left), (fig_table, right)):
+        if marker is not None:
+            ax.axvline(marker, color="black", ls="--", lw=1)
+        ax.set_xticks(block_sizes, [str(b) for b in block_sizes])
+        figure.tight_layout()
     plt.show()
 
 
 def draw_block(codes: torch.Tensor, scale: float, title: str) -> None:
     """One block of one head as a heat map of its int8 codes, with its scale in the title."""
-    fig, ax = plt.subplots(figsize=(6.4, 2.2))
+    fig, ax = plt.subplots(figsize=(5, 2.4))
     image = ax.imshow(codes.float().numpy(), cmap="coolwarm", vmin=-127, vmax=127, aspect="auto")
-    ax.set(xlabel="head_dim", ylabel="offset", title=f"{title} (scale {scale:.2e})")
+    ax.set(xlabel="head_dim", ylabel="offset", title=f"{title}\n(scale {scale:.2e})")
     fig.colorbar(image, ax=ax, fraction=0.03)
     fig.tight_layout()
     plt.show()
@@ -146,7 +152,7 @@ def plot_block_choice(name: str, bytes_per_token: int, reference: tuple[str, int
                       block_sizes: Sequence[int], block_size: int) -> None:
     """One small panel for the explorer: MiB per block against the block size, the choice marked,
     and a reference model's 16-token block as a dotted line."""
-    fig, ax = plt.subplots(figsize=(5.2, 2.8))
+    fig, ax = plt.subplots(figsize=(4.8, 2.8))
     ax.plot(block_sizes, [b * bytes_per_token / MiB for b in block_sizes], marker="o", label=name)
     ax.axhline(16 * reference[1] / MiB, color="gray", ls=":", lw=1, label=f"16 tokens of {reference[0]}")
     ax.axvline(block_size, color="black", ls="--", lw=1)
