@@ -17,8 +17,10 @@ import argparse
 import ast
 import asyncio
 import copy
+import html
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -192,10 +194,41 @@ def build_html(stage_dir: Path, out_html: Path, builder: str = "html") -> Path:
     built = stage_dir / "_build" / builder
     if result.returncode != 0 or not (built / "index.html").exists():
         raise RuntimeError(f"jupyter-book build failed (exit {result.returncode}):\n{result.stdout}\n{result.stderr}")
+    for page in built.rglob("*.html"):
+        if "_static" not in page.relative_to(built).parts:
+            page.write_text(hang_lines(page.read_text()))
     shutil.rmtree(out_html, ignore_errors=True)
     out_html.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(built, out_html)
     return out_html
+
+
+PRE = re.compile(r"(<pre(?![^>]*course-explorer-text)[^>]*>)(.*?)(</pre>)", re.S)
+TAG = re.compile(r"<(/?)(\w+)[^>]*>")
+
+
+def hang_lines(page: str) -> str:
+    """The page with each line of each <pre> (code, outputs) in a span carrying its indentation, which
+    book/_static/course.css turns into a hanging indent when the line wraps. A <pre> whose tags cross a
+    line (never Pygments') and an explorer's text (its script rewrites it) are left as they are."""
+    def lines(match: re.Match) -> str:
+        start, body, end = match.groups()
+        pieces = body.split("\n")
+        tail = pieces.pop() if pieces and pieces[-1] == "" else None
+        spans = []
+        for piece in pieces:
+            depth = 0
+            for tag in TAG.finditer(piece):
+                depth += -1 if tag.group(1) else (0 if tag.group(0).endswith("/>") else 1)
+                if depth < 0:
+                    return match.group(0)
+            if depth:
+                return match.group(0)
+            text = html.unescape(TAG.sub("", piece))
+            indent = len(text) - len(text.lstrip(" "))
+            spans.append(f'<span class="course-line" style="--indent:{indent}ch">{piece}</span>')
+        return start + "\n".join(spans) + ("\n" if tail is not None else "") + end
+    return PRE.sub(lines, page)
 
 
 def instructor_edition(executed):
@@ -276,12 +309,69 @@ def _print_pdf(page_path: Path, out_pdf: Path) -> Path:
             page.emulate_media(media="print")
             # outline: bookmarks from the headings (Chromium's generateDocumentOutline, which needs a
             # tagged PDF); the footer numbers every page.
-            page.pdf(path=str(out_pdf), format="A4", print_background=True, outline=True, tagged=True,
-                     display_header_footer=True, header_template="<span></span>", footer_template=PDF_FOOTER,
-                     margin={"top": "15mm", "bottom": "17mm", "left": "12mm", "right": "12mm"})
+            options = dict(format="A4", print_background=True, outline=True, tagged=True,
+                           display_header_footer=True, header_template="<span></span>", footer_template=PDF_FOOTER,
+                           margin={"top": "15mm", "bottom": "17mm", "left": "12mm", "right": "12mm"})
+            # Printed twice: the first print says on which page each heading landed, the contents
+            # list gets those numbers (on lines it already fills, so no page moves), the second is kept.
+            pages = pdf_destination_pages(page.pdf(**options))
+            page.evaluate(NUMBER_CONTENTS_JS, pages)
+            page.pdf(path=str(out_pdf), **options)
         finally:
             browser.close()
     return out_pdf
+
+
+NUMBER_CONTENTS_JS = """pages => {
+  const links = document.querySelectorAll('.toctree-wrapper a.reference.internal[href^="#"]');
+  for (const link of links) {
+    const page = pages[decodeURIComponent(link.getAttribute('href').slice(1))];
+    if (page && !link.querySelector('.course-toc-page')) {
+      const number = document.createElement('span');
+      number.className = 'course-toc-page';
+      number.textContent = page;
+      link.appendChild(number);
+    }
+  }
+  return links.length;
+}"""
+
+
+def pdf_destination_pages(pdf: bytes) -> dict[str, int]:
+    """{named destination: page number from 1} of a PDF as Chromium writes it (plain objects, the
+    catalog's /Dests naming [page /XYZ ...] arrays): where each heading of the printed page landed."""
+    starts = {int(m.group(1)): m.end() for m in re.finditer(rb"(?<![0-9])(\d+) 0 obj", pdf)}
+
+    def body(number: int) -> bytes:
+        start = starts[number]
+        return pdf[start:pdf.index(b"endobj", start)]
+
+    def ref(text: bytes, key: bytes) -> int | None:
+        found = re.search(rb"/" + key + rb"\s+(\d+) 0 R", text)
+        return int(found.group(1)) if found else None
+
+    catalog = next((n for n in starts if b"/Type /Catalog" in body(n)[:200]), None)
+    if catalog is None or ref(body(catalog), b"Dests") is None:
+        return {}
+    order: list[int] = []
+
+    def walk(node: int) -> None:
+        text = body(node)
+        kids = re.search(rb"/Kids\s*\[([^\]]*)\]", text)
+        if kids and b"/Type /Pages" in text:
+            for kid in re.findall(rb"(\d+) 0 R", kids.group(1)):
+                walk(int(kid))
+        else:
+            order.append(node)
+
+    walk(ref(body(catalog), b"Pages"))
+    number_of = {node: index + 1 for index, node in enumerate(order)}
+    pages = {}
+    for name, page in re.findall(rb"/([^\s\[/]+)\s*\[(\d+) 0 R", body(ref(body(catalog), b"Dests"))):
+        decoded = re.sub(rb"#([0-9A-Fa-f]{2})", lambda m: bytes([int(m.group(1), 16)]), name)
+        if int(page) in number_of:
+            pages[decoded.decode("utf-8", "replace")] = number_of[int(page)]
+    return pages
 
 
 def build_pdf(executed: dict[str, object], out_pdf: Path, stage_dir: Path | None = None) -> Path:
