@@ -162,8 +162,8 @@ def prepare(course_dir: Path, roster_file: Path, solutions: Path | None = None, 
         for ident, due in roster.due.items():
             gradebook.update_or_create_assignment(ident, duedate=due.replace(tzinfo=None))
     return {"course directory": course_dir, "roster": course_dir / "roster.ini",
-            "gradebook": course_dir / "gradebook.db", "released to the exchange by":
-            course_dir / "release", "chapters": solutions}
+            "gradebook": course_dir / "gradebook.db",
+            "chapters to release": course_dir / "release", "chapter sources": solutions}
 
 
 # ---- after students submit through the exchange -------------------------------------------------
