@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 # Tests run with the venv first on PATH so nbgrader/jupyter find the right kernel.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup test test-fast test-lab lab release grade autograde student-edition book book-instructor book-pdf bench lock clean help
+.PHONY: setup test test-fast test-lab lab release grade autograde student-edition book book-instructor book-pdf bench lock clean help \
+	hub-setup hub-accounts hub course class-grade
 
 help:
 	@echo "make setup      create .venv and install the pinned environment (idempotent)"
@@ -17,6 +18,10 @@ help:
 	@echo "make release    regenerate notebooks/ (learner edition) from solutions/"
 	@echo "make autograde SUBMISSIONS=dir [JOBS=2]   instructor: sealed, sandboxed nbgrader autograde + feedback + grades.csv"
 	@echo "make student-edition CHAPTERS=ch02,ch03 [UNLOCK=ch02]   instructor: build/student-edition/ to hand out"
+	@echo "make course ROSTER=roster.ini   instructor: the course folder and gradebook from a roster (no submission)"
+	@echo "make class-grade CHAPTER=ch02 [RELEASE=1]   instructor: collect, grade, feedback, reports (exchange)"
+	@echo "make hub-setup  as root: the course installed for every account in $(HUB_PREFIX), for JupyterHub"
+	@echo "make hub-accounts ROSTER=roster.ini, make hub ROSTER=roster.ini   as root: the accounts, the hub"
 	@echo "make book       build the HTML book into book/_build/html (make book-instructor: with solutions)"
 	@echo "make book-pdf   the book as one PDF, book/_build/pdf/book.pdf (needs Chromium)"
 	@echo "make test-fast  the suite without notebook execution, book build and browser checks"
@@ -79,6 +84,33 @@ JOBS ?= 2
 SANDBOX ?= auto
 autograde: setup
 	$(PY) -m engine.course.autograde "$(SUBMISSIONS)" --jobs "$(JOBS)" --sandbox "$(SANDBOX)"
+
+# A class through nbgrader's exchange (engine/course/class_folder.py): the course folder from a roster
+# (engine/course/hub/roster.example.ini), then one round of grading per chapter after students submit.
+ROSTER ?= roster.ini
+COURSE ?= course
+CHAPTER ?=
+RELEASE ?=
+course: setup
+	$(PY) -m engine.course.class_folder prepare --roster "$(ROSTER)" --course "$(COURSE)"
+
+class-grade: setup
+	$(PY) -m engine.course.class_folder grade "$(CHAPTER)" --course "$(COURSE)" --jobs "$(JOBS)" \
+	  --sandbox "$(SANDBOX)" $(if $(RELEASE),--release)
+
+# JupyterHub for the class (engine/course/hub/, as root): the install every account can run, the
+# roster's accounts, the hub on http://127.0.0.1:$(HUB_PORT).
+HUB_PREFIX ?= /opt/paged-kv-course
+HUB_PORT ?= 8000
+hub-setup: setup
+	HUB_PREFIX="$(HUB_PREFIX)" bash engine/course/hub/setup.sh
+
+hub-accounts:
+	$(HUB_PREFIX)/bin/python -m engine.course.hub.accounts --roster "$(ROSTER)"
+
+hub:
+	HUB_PREFIX="$(HUB_PREFIX)" HUB_ROSTER="$(abspath $(ROSTER))" HUB_PORT="$(HUB_PORT)" \
+	  $(HUB_PREFIX)/bin/jupyterhub -f $(HUB_PREFIX)/src/engine/course/hub/jupyterhub_config.py
 
 # What an instructor hands out: the chapters named, an engine stubbed for every chapter not unlocked.
 CHAPTERS ?=
