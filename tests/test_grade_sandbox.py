@@ -397,7 +397,7 @@ def test_the_worker_memory_cannot_be_read_by_a_process_it_starts(tmp_path):
               " capture_output=True, text=True)\n"
               "print('denied' if 'PermissionError' in child.stderr else 'read', child.returncode)\n")
     sealed = run_in_bare_sandbox(tmp_path, reader.format(
-        mark="from engine.course.seal import not_dumpable; assert not_dumpable()"))
+        mark="from engine.course.sealed.host import not_dumpable; assert not_dumpable()"))
     plain = run_in_bare_sandbox(tmp_path, reader.format(mark="pass"))
     assert sealed.stdout.split()[0] == "denied", sealed.stdout + sealed.stderr
     assert plain.stdout.split()[0] == "read", plain.stdout + plain.stderr    # the test can tell

@@ -28,6 +28,7 @@ A row that sees no key (padding, position -1, or kv_len 0) comes back as zeros.
 from __future__ import annotations
 
 import math
+import types
 
 import torch
 
@@ -102,10 +103,13 @@ _KERNELS: dict = {}
 
 
 def as_kernel(fn):
-    """A launchable Triton kernel: `fn` itself if it is one (anything indexed by a grid), else
-    triton.jit(fn), made once per function."""
-    if hasattr(fn, "__getitem__"):
+    """A launchable Triton kernel: `fn` itself if triton.jit made it, else triton.jit(fn) of a plain
+    function, made once per function. Anything else (an object merely indexed by a grid) is refused."""
+    if isinstance(fn, triton.runtime.KernelInterface):
         return fn
+    if not isinstance(fn, types.FunctionType):
+        raise TypeError(f"a kernel is a function in Triton's language or a triton.jit kernel, not a "
+                        f"{type(fn).__name__}")
     if fn not in _KERNELS:
         _KERNELS[fn] = triton.jit(fn)
     return _KERNELS[fn]

@@ -36,8 +36,8 @@ import jupytext
 from . import cells
 from .include import parse_directive
 from .paths import CHAPTER_PATTERN, assignment_id, chapter_files, chapter_name, repo_root
-from .seal import TRUSTED_PREFIX
 from .release import release
+from .sealed.host import TRUSTED_PREFIX
 
 STUB_MODULE = '''"""Stubs of the student edition: a taught body calls the learner's own definition from the notebook.
 
@@ -310,10 +310,12 @@ def host_engine(chapter_path: Path, root: Path | None = None) -> Path | None:
         return None
     every = {assignment_id(path): path for path in chapter_files(root / "solutions")}
     chapter = assignment_id(chapter_path)
+    every.setdefault(chapter, Path(chapter_path))    # a chapter from elsewhere (a test's): its bodies too
     digest = hashlib.sha256(chapter.encode())
     for path in sorted([*(root / "engine").rglob("*.py"), *every.values()]):
         if "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+            name = path.relative_to(root) if path.is_relative_to(root) else path
+            digest.update(str(name).encode() + b"\0" + path.read_bytes() + b"\0")
     home = root / "build" / "host-engines" / f"{chapter}-{digest.hexdigest()[:16]}"
     if (home / "engine" / "_edition.py").is_file():
         return home

@@ -4,7 +4,7 @@ For each solution cell of a chapter this finds the names the learner must write 
 functions and classes) and, for a class, the *taught* methods (those holding a `### BEGIN SOLUTION`
 region, which is what `#| include ... solve=` marks); methods without one are given and may stay the
 engine's. The include directive names the engine's reference, whose code must not stand in for the
-learner's. The sealed worker (engine.course.seal) uses this plan; `own_work_flags` compares a
+learner's. The sealed worker (engine.course.sealed.host) uses this plan; `own_work_flags` compares a
 submission's taught code with the reference source (a verbatim copy is flagged, not zeroed) and
 `suspicious_flags` lists grader-probing tools a submission uses, both for the instructor.
 """

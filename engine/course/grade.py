@@ -159,7 +159,7 @@ class SealedRun:
 
 def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=None, wrap=None,
                env: dict | None = None) -> SealedRun:
-    """Run a learner notebook in the sealed worker (engine.course.seal): each cell's outputs set, each
+    """Run a learner notebook in the sealed worker (engine.course.sealed.host): each cell's outputs set, each
     graded test's verdict signed; the flags (own work, tampering, probing) for the instructor."""
     chapter = chapter if chapter is not None else exercises.load_any(chapter_path)
     plan = exercises.plan_for(chapter_path, chapter)
@@ -226,8 +226,8 @@ def _flag(flags: list[str], cell, run) -> None:
         flags.append(f"{cells.grade_id(cell)}: tampering {note}")
     if verdict.get("tampered"):
         flags.append(f"{cells.grade_id(cell)}: changed during the test: {', '.join(verdict['tampered'][:4])}")
-    if verdict.get("own_work") or verdict.get("delegations"):
-        flags.append(f"{cells.grade_id(cell)}: not the learner's own code")
+    if verdict.get("reasons"):
+        flags.append(f"{cells.grade_id(cell)}: refused: {verdict['reasons'][0]}")
     if verdict.get("copied"):
         flags.append(f"{cells.grade_id(cell)}: typed in, the reference's code (copied, renamed or reformatted): "
                      + "; ".join(verdict["copied"][:3]))
@@ -314,10 +314,28 @@ def first_failure(cell) -> str:
     return ""
 
 
+SELF_ASSESSMENT = ("note: no sandbox here ({why}): the notebooks' code could read the course's reference, "
+                   "so these scores are self-assessment, not grades to give credit for")
+
+
+def sandboxed_grade(notebook: Path, chapter: Path, timeout: float) -> ChapterGrade:
+    """grade_notebook with the host in the autograder's sandbox (engine.course.sandbox): it sees the
+    system, the Python installation and its own copy of its engine, not the repository."""
+    import tempfile
+
+    from .sandbox import Sandbox
+    with tempfile.TemporaryDirectory(prefix="paged-kv-grade-") as workdir:
+        wrap = Sandbox(Path(workdir))
+        try:
+            return grade_notebook(notebook, chapter, timeout, wrap=wrap, workdir=Path(workdir))
+        finally:
+            wrap.close()
+
+
 def grade_directory(notebook_dir: Path, solutions_dir: Path, timeout: float,
-                    jobs: int = DEFAULT_JOBS) -> tuple[list[ChapterGrade], list[str]]:
-    """Grade every notebook in notebook_dir named after a chapter, `jobs` kernels at a time;
-    (grades in chapter order, notes about skipped files)."""
+                    jobs: int = DEFAULT_JOBS, sandbox: bool = False) -> tuple[list[ChapterGrade], list[str]]:
+    """Grade every notebook in notebook_dir named after a chapter, `jobs` kernels at a time (each host
+    in the sandbox when `sandbox`); (grades in chapter order, notes about skipped files)."""
     chapters = {chapter_name(path): path for path in chapter_files(solutions_dir)}
     notes, work = [], []
     for notebook in sorted(notebook_dir.glob("*.ipynb")):
@@ -326,7 +344,8 @@ def grade_directory(notebook_dir: Path, solutions_dir: Path, timeout: float,
         else:
             notes.append(f"skipped {notebook.name}: no chapter {notebook.stem}.py in {solutions_dir}")
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # each chapter has its own kernel process
-        grades = list(pool.map(lambda pair: grade_notebook(*pair, timeout), work))
+        grade = sandboxed_grade if sandbox else grade_notebook
+        grades = list(pool.map(lambda pair: grade(*pair, timeout), work))
     for name in sorted(set(chapters) - {Path(g.notebook).stem for g in grades}):
         notes.append(f"no notebook for {name} in {notebook_dir}")
     return grades, notes
@@ -410,7 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     if not any((args.dir / f"{name}.ipynb").exists() for name in chapters):
         parser.error(f"{args.dir} holds no chapter notebook: nothing to grade (expected one of "
                      f"{', '.join(name + '.ipynb' for name in chapters)})")
-    grades, notes = grade_directory(args.dir, args.solutions, args.timeout, args.jobs)
+    from .sandbox import available
+    usable, why = available()
+    if not usable:
+        print(SELF_ASSESSMENT.format(why=why.split(":")[0]), file=sys.stderr)
+    grades, notes = grade_directory(args.dir, args.solutions, args.timeout, args.jobs, sandbox=usable)
     if args.json:
         print(json.dumps({"chapters": [dict(asdict(g), earned=g.earned, possible=g.possible, manual=g.manual)
                                        for g in grades],

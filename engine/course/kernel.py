@@ -7,6 +7,7 @@ and a kernel that died (os._exit, a segfault) or ignores the interrupt is report
 """
 from __future__ import annotations
 
+import os
 import queue
 import subprocess
 import time
@@ -19,6 +20,7 @@ from nbformat.v4 import output_from_msg
 
 OUTPUT_MESSAGES = {"stream", "display_data", "execute_result", "error"}
 INTERRUPT_GRACE_S = 5.0  # how long an interrupted cell may take to stop before the kernel is restarted
+BACKSTOP_FACTOR = 30     # a sealed cell's judge may take this many times the cell's limit (it keeps the limit)
 
 
 @dataclass
@@ -126,15 +128,51 @@ def _error(ename: str, evalue: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
 
-# The folder the grader's own `engine` package is imported from: the worker imports that one and nothing
+# The folder the grader's own `engine` package is imported from: the judge imports that one and nothing
 # from its working folder, the environment's PYTHON* variables or the user's site-packages (python -I).
 ENGINE_HOME = str(Path(__file__).resolve().parents[2])
 
 
 def worker_argv(code: str, home: str = ENGINE_HOME) -> list[str]:
-    """The command line of a sealed worker running `code`: isolated Python, the engine of `home` first."""
+    """The command line of the judge running `code`: isolated Python, the engine of `home` first."""
     import sys
     return [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {home!r}); {code}"]
+
+
+def library_paths() -> list[str]:
+    """The standard library and the environment's site-packages: the only folders, besides its engine's,
+    on the host's Python path. Not `site` (python -S): its .pth files would install the editable finder
+    that leads back into the repository."""
+    import sys
+    import sysconfig
+    places = [p for p in sys.path if p and p.startswith((sys.base_prefix, sys.base_exec_prefix))
+              and "site-packages" not in p]
+    for key in ("purelib", "platlib"):
+        path = sysconfig.get_path(key)
+        if path not in places:
+            places.append(path)
+    return places
+
+
+def host_argv(code: str, home: str) -> list[str]:
+    """The host's command line: isolated Python without `site`, on a path of `home` and the libraries."""
+    import sys
+    path = [home, *library_paths()]
+    return [sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:] = {path!r}; {code}"]
+
+
+def private_copy(home: str) -> str:
+    """A copy of the host engine `home`/engine in a fresh temporary folder outside the repository, so that
+    no path the host can see leads back to the course's files."""
+    import shutil
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="paged-kv-host-")
+    shutil.copytree(Path(home) / "engine", Path(folder) / "engine", symlinks=False)
+    for root, dirs, files in os.walk(folder):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
+    return folder
 
 
 ENDED = ("the process running the notebook ended during this cell (for example os._exit, sys.exit in a thread, "
@@ -146,7 +184,7 @@ class ChannelTampered(RuntimeError):
 
 
 class SealedKernel:
-    """The host (engine.course.seal: the notebook's cells) and the judge (engine.course.sealed.judge:
+    """The host (engine.course.sealed.host: the notebook's cells) and the judge (engine.course.sealed.judge:
     the graded tests and the key) as one kernel: cells in, signed results out.
 
     `plan` is engine.course.exercises.Plan.for_worker() (plus the chapter cells the judge runs itself);
@@ -161,15 +199,28 @@ class SealedKernel:
         self.startup_timeout = startup_timeout
         self.process = self.host = None
         self.host_home = host_home or ENGINE_HOME
+        self.host_copy: str | None = None    # private_copy(host_home), made on entry, removed on exit
         self.refused: list[str] = []     # what the worker refused learner code (for the instructor)
         self.tampered_channel = False
 
     def __enter__(self) -> "SealedKernel":
-        self.start()
+        self.host_copy = private_copy(self.host_home)
+        try:
+            self.start()
+        except BaseException:
+            self._remove_copy()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+        self._remove_copy()
+
+    def _remove_copy(self) -> None:
+        import shutil
+        if self.host_copy:
+            shutil.rmtree(self.host_copy, ignore_errors=True)
+            self.host_copy = None
 
     def start(self) -> None:
         """The host (the notebook's cells; in the sandbox when `wrap` is given) and the judge (the tests
@@ -180,7 +231,7 @@ class SealedKernel:
         import tempfile
         self.key = secrets.token_bytes(32)
         judge_end, host_end = socket.socketpair()
-        host_argv = self._host_command("from engine.course.seal import main; main()", str(host_end.fileno()))
+        host_argv = self._host_command("from engine.course.sealed.host import main; main()", str(host_end.fileno()))
         self.host = subprocess.Popen(host_argv, cwd=str(self.cwd), env=self.env, pass_fds=(host_end.fileno(),),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
@@ -208,16 +259,17 @@ class SealedKernel:
 
     def _host_command(self, code: str, *arguments: str) -> list[str]:
         """The host's command line: its engine first, in the sandbox when `wrap` is given."""
-        argv = worker_argv(code, self.host_home) + list(arguments)
+        if self.host_copy is None:
+            self.host_copy = private_copy(self.host_home)
+        argv = host_argv(code, self.host_copy) + list(arguments)
         if self.wrap is None:
             return argv
-        return self.wrap(argv, self.cwd, **({"readable": [Path(self.host_home)]}
-                                           if self.host_home != ENGINE_HOME else {}))
+        return self.wrap(argv, self.cwd, readable=[Path(self.host_copy)])
 
     def _why_no_start(self) -> str:
         """What starting Python the same way says, for the message (only run once the worker failed)."""
         try:
-            probe = subprocess.run(self._host_command("import engine.course.seal"), cwd=str(self.cwd),
+            probe = subprocess.run(self._host_command("import engine.course.sealed.host"), cwd=str(self.cwd),
                                    env=self.env, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as error:
             return f": starting Python the same way failed too ({error})"
@@ -295,10 +347,12 @@ class SealedKernel:
         import os
         import signal
         self.seq += 1
-        if not self._send(json.dumps({"source": source, "kind": kind, "name": name})):
+        if not self._send(json.dumps({"source": source, "kind": kind, "name": name, "timeout": timeout})):
             return CellRun("dead", [_error("DeadKernelError", "the grading worker had exited before this cell; "
                                            "it was restarted")], usable=False)
-        message = self._receive(self.seq, time.monotonic() + timeout)
+        # The judge holds the cell's time (the host's CPU time, and a wall-clock backstop for its
+        # answers): this wait is only for a judge that stopped answering itself.
+        message = self._receive(self.seq, time.monotonic() + timeout * BACKSTOP_FACTOR)
         if message is None and self.process.poll() is None:
             try:
                 os.killpg(self.host.pid, signal.SIGINT)   # a learner cell stops; a test cannot: both restart
@@ -317,6 +371,8 @@ class SealedKernel:
         for output in outputs:
             if output.get("output_type") == "error":
                 output["traceback"] = list(output.get("traceback", []))
+        if message["status"] == "stuck":  # the host's answer came too late: both are started again
+            return CellRun("timeout", outputs, usable=False)
         if message["status"] == "dead":   # the host ended during the cell: the judge stopped too
             return CellRun("dead", outputs + [_error("DeadKernelError", ENDED)], usable=False)
         status = {"ok": "ok", "interrupted": "timeout"}.get(message["status"], "error")

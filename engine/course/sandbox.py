@@ -12,10 +12,11 @@ the grader passes it as `wrap=` to the process it starts for a submission. Insid
   or bwrap 0.8, it falls back to that user namespace, uid 0 on the host without capabilities, and
   limits_note() says so.)
 - **Sees only what it needs, read-only.** The file system is built up from nothing: /usr, /etc and the
-  other system folders, the Python installation, the virtual environment and the `engine` package, all
-  read-only, plus a /proc of its own and a minimal /dev. The course directory, the submissions, every
-  student's results, /run, /sys, /home and /root are not there at all (nothing is hidden behind a layer
-  that could be lifted); folders in `hide` that lie inside what is bound are covered by empty folders.
+  other system folders, the Python installation, the virtual environment and the host's own copy of its
+  engine (never the repository's), all read-only, plus a /proc of its own and a minimal /dev. The course
+  directory, the submissions, every student's results, /run, /sys, /home and /root are not there at all
+  (nothing is hidden behind a layer that could be lifted); folders in `hide` that lie inside what is
+  bound are covered by empty folders.
 - **Writes only to its own folders, with a quota.** Its working folder (/home/learner: the cwd and
   HOME), /tmp and /dev/shm are size-limited tmpfs made fresh for each start, inside the sandbox: nothing
   written there reaches the host, and the grader trusts nothing from them (results travel on the
@@ -186,10 +187,10 @@ def _outermost(paths) -> list[Path]:
 
 
 def _python_paths() -> list[Path]:
-    """The Python installation, the environment and the `engine` package, as the worker will open them
-    (and where symbolic links lead), outside the system folders that are bound anyway."""
-    places = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-              str(Path(__file__).resolve().parents[1])}
+    """The Python installation and the environment, as the host will open them (and where symbolic links
+    lead), outside the system folders that are bound anyway. Not the grader's `engine`: the host gets
+    its own copy (`readable`, engine.course.kernel.private_copy)."""
+    places = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         places.add(sysconfig.get_path(key))
     executable = Path(sys.executable)

@@ -1,1 +1,2 @@
-"""Pieces of the sealed grading worker that stand on their own (engine.course.seal uses them)."""
+"""The trust boundary of sealed grading: the host, the judge, the channel between them and what the
+judge decides (README.md)."""

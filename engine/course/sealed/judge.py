@@ -1,18 +1,16 @@
-"""The judge: the process that runs a chapter's graded tests and signs their verdicts, and runs no
-learner code at all.
+"""The judge: the process that runs a chapter's graded tests, decides what may count and signs the
+verdicts; it runs no learner code at all.
 
-The grader starts two processes per notebook. The host (engine.course.seal, in the sandbox) runs every
-cell the notebook has and holds the learner's objects. The judge (this module, outside the sandbox)
-holds the key. It runs the chapter's test cells itself, on its own copy of the checks, the engine and
-the chapter's setup cells; the names a test reads that the learner defined (the exercise's class or
-function, an answer) are `Remote`s for the host's objects (engine.course.sealed.remote). So a test's
-outcome is decided here: learner code can answer the checks' questions, right or wrong, and nothing
-more. It cannot reach the key, the judge's memory or the pipe the verdicts travel on.
-
-Learner code can call back only into what a check handed it (an allocator, a sequence, the model), and
-only through public attributes of the engine's own objects. The host imports its own copy of the
-engine in which this chapter's taught bodies are stubs (engine.course.edition.host_engine), so learner
-code finds no reference there to stand in for its own.
+The grader starts two processes per notebook. The host (engine.course.sealed.host, in the sandbox)
+runs every cell the notebook has and holds the learner's objects. The judge (this module, outside the
+sandbox) holds the key. It runs the chapter's test cells itself, on its own copy of the checks, the
+engine and the chapter's setup cells; the names a test reads that the learner defined are `Remote`s
+for the host's objects (engine.course.sealed.remote), except a Triton kernel, which it builds from the
+cell's text itself (engine.course.sealed.kernels). Whether a test may count is decided here from the
+cells' text (engine.course.sealed.decide: own work, refusals; likeness: copies of the reference).
+What the host reports (what it put back, what it refused) is shown to the instructor, never deciding,
+and a host reply that does not fit its schema costs the cell. Time is the host's CPU time and a
+wall-clock backstop counted only while the judge waits for the host (Budget).
 """
 from __future__ import annotations
 
@@ -32,10 +30,10 @@ import types
 
 import torch
 
-from engine.course.seal import (TRUSTED_PREFIX, _Capture, _error_output, _names_bound, _names_read,
+from engine.course.sealed.host import (TRUSTED_PREFIX, _Capture, _error_output, _names_bound, _names_read,
                                 _stream_outputs, named)
-from engine.course.sealed.fingerprint import code_of, every_code, fingerprint
-from engine.course.sealed.remote import Channel, RemoteGone
+from engine.course.sealed import decide, kernels, likeness
+from engine.course.sealed.remote import Channel, RemoteGone, TooSlow
 
 _SHAREABLE_MODULES = ("engine.",)      # the judge hands the host references only to objects of these
 _HARMLESS = (itertools.count, random.Random, torch.Generator)   # ... and to these, which reach nothing
@@ -145,7 +143,10 @@ def main() -> None:
     graded = dict(plan.get("graded", {}))
     graded_by_cell = plan.get("graded_by_cell", {})
     run_here = set(plan.get("judge_cells", []))
-    prints = _reference_prints(plan.get("references", []))
+    references = _reference_tokens(plan.get("references", []), graded)
+    kernel_names = _kernel_names(plan.get("references", []), graded)
+    built: dict = {}                      # kernel name -> (the judge's own build of it, or None, why not)
+    notebook = decide.Notebook(graded, set(graded_by_cell), set(), set())
     sources: dict = {}                    # graded name -> the text of the learner cell that last defined it
     send({"seq": 0, "ready": True})
     seq = 0
@@ -156,46 +157,89 @@ def main() -> None:
         if kind == "learner":
             graded.update(graded_by_cell.get(name, {}))
             sources.update((bound, source) for bound in _names_bound(source))
+            notebook.add(name, source)
+            built.update((k, kernels.build(k, source)) for k in kernel_names & _names_bound(source))
+        elif kind == "trusted":
+            engine_names, check_names = decide.chapter_names(source)
+            notebook.engine_names |= engine_names
+            notebook.check_names |= check_names
+        budget = Budget.of(job.get("timeout"))
+        channel.allowance = budget.wall
         try:
-            message = _run(channel, namespace, mine, graded, source, kind, name, name in run_here)
+            used = sorted(_names_read(source) & set(graded))
+            reasons = notebook.reasons(used) if kind == "test" else []
+            reasons += [built[k][1] for k in used if k in built and built[k][1]]
+            message = _run(channel, namespace, mine, graded, source, kind, name, name in run_here,
+                           reasons, budget, built)
             if kind == "test":
-                message["verdict"]["copied"] = copies_of_the_reference(
-                    sorted(_names_read(source) & set(graded)), graded, sources, prints)
+                message["verdict"]["copied"] = copies_of_the_reference(used, graded, sources, references)
             if shadow is not None and kind != "test":
                 _shadow_run(shadow, source, name)
+        except TooSlow:
+            message = {"status": "stuck", "outputs": [budget.exceeded()], "verdict": {}, "refused": []}
         except RemoteGone as gone:
             message = {"status": "dead", "outputs": [_error_output(gone)], "verdict": {}, "refused": []}
+        channel.allowance = None
         message["seq"] = seq
         send(message)
-        if message["status"] == "dead":
+        if message["status"] in ("dead", "stuck"):
             return
 
 
+class Budget:
+    """A cell's time: `cpu` seconds of the host's own CPU time (all its threads; the host stops its
+    code past it), and a wall-clock backstop `wall` for the host's answers, counted only while the
+    judge waits for them (its own work never counts). A busy machine slows the wall clock, not the
+    CPU time a computation needs: the backstop is WALL_FACTOR times the cell's time limit."""
+
+    WALL_FACTOR = 10
+
+    def __init__(self, cpu: float | None, wall: float | None, limit: float | None):
+        self.cpu, self.wall, self.limit = cpu, wall, limit
+
+    @classmethod
+    def of(cls, limit) -> "Budget":
+        if not isinstance(limit, (int, float)) or limit <= 0:
+            return cls(None, None, None)
+        return cls(float(limit) * max(1, len(os.sched_getaffinity(0))), float(limit) * cls.WALL_FACTOR, limit)
+
+    def exceeded(self) -> dict:
+        text = (f"the notebook's code took more than {self.wall:g} s (wall clock) to answer the grader, "
+                f"{self.WALL_FACTOR} times the cell's {self.limit:g} s limit (it slept or waited); this test "
+                "earns nothing, and the notebook's process was restarted")
+        return {"output_type": "error", "ename": "CellTimeoutError", "evalue": text,
+                "traceback": [f"CellTimeoutError: {text}"]}
+
+
 def _run(channel: Channel, namespace: dict, mine: dict, graded: dict, source: str, kind: str,
-         name: str, run_here: bool) -> dict:
+         name: str, run_here: bool, reasons: list, budget: "Budget", built: dict) -> dict:
     """One cell: the host runs learner and chapter cells; the judge runs tests (and the chapter cells
-    they need) on its own, with the learner's names as Remotes."""
+    they need) on its own, with the learner's names as Remotes. `reasons`: the judge's own, from the
+    cells' text, why the test must not count; what the host reports is only shown."""
     if kind != "test":
-        result = channel.request("cell", None, source, kind, name)
+        result = _checked(channel.request("cell", None, source, kind, name, budget.cpu), CELL_REPLY)
         if kind == "trusted" and run_here:
-            if _run_here(channel, namespace, mine, graded, source, name, quiet=True)[0] == "ok":
+            if _run_here(channel, namespace, mine, graded, source, name, built, quiet=True)[0] == "ok":
                 mine.update((n, namespace[n]) for n in _names_bound(source) if n in namespace)
         return {"status": result["status"], "outputs": result["outputs"], "verdict": {},
                 "refused": result.get("refused", [])}
-    begin = channel.request("begin_test", None, source, sorted(_names_read(source) & set(graded)))
-    status, outputs = _run_here(channel, namespace, mine, graded, source, name, quiet=False)
-    end = channel.request("end_test", None)
-    verdict = dict(begin, **end)
-    reasons = list(verdict.pop("reasons", []))
-    if reasons and status == "ok":
+    begin = _checked(channel.request("begin_test", None, source, sorted(_names_read(source) & set(graded)),
+                                     budget.cpu), BEGIN_REPLY)
+    status, outputs = _run_here(channel, namespace, mine, graded, source, name, built, quiet=False)
+    end = _checked(channel.request("end_test", None), END_REPLY)
+    verdict = dict(begin, **end)                  # what the host reports: shown, never deciding
+    if verdict.pop("malformed", False):
+        reasons = list(reasons) + ["the notebook's process answered the grader out of turn or malformed"]
+    verdict["reasons"] = list(reasons)
+    if reasons:                           # the judge's reason first: it is why the test earns nothing
         status = "error"
-        outputs.append({"output_type": "error", "ename": "GradingRefused", "evalue": " ".join(reasons),
-                        "traceback": ["GradingRefused: " + " ".join(reasons)]})
+        outputs.insert(0, {"output_type": "error", "ename": "GradingRefused", "evalue": " ".join(reasons),
+                           "traceback": ["GradingRefused: " + " ".join(reasons)]})
     return {"status": status, "outputs": outputs, "verdict": verdict, "refused": end.get("refused", [])}
 
 
 def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, source: str, name: str,
-              quiet: bool) -> tuple[str, list]:
+              built: dict, quiet: bool) -> tuple[str, list]:
     """Run a chapter cell in the judge. Names it reads: the judge's own binding of a chapter name, the
     host's object for an exercise's name or anything else the chapter's cells here did not bind."""
     wanted = sorted(n for n in _names_read(source) if n in graded or n not in mine)
@@ -206,6 +250,9 @@ def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, sourc
         del namespace[stale]
     if wanted:
         namespace.update(channel.request("lookup", None, wanted))
+    for kernel, (fn, why) in built.items():   # a kernel is the judge's build of the cell's text, never the host's
+        if kernel in wanted:
+            namespace[kernel] = fn if fn is not None else _not_a_kernel(why)
     out, err = _Capture(), _Capture()
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = out, err
@@ -223,40 +270,93 @@ def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, sourc
     return status, _stream_outputs(out, err) + ([error] if error else [])
 
 
-def _reference_prints(references: list) -> dict:
-    """{fingerprint: qualname} of the chapter's taught reference functions, from the judge's engine."""
-    prints = {}
+def _reference_tokens(references: list, graded: dict) -> dict:
+    """{graded name: normalized tokens of its reference} (engine.course.sealed.likeness), read from the
+    source of the judge's engine: a function, or a class's taught methods one after the other."""
+    import textwrap
+    by_name: dict = {}
     for module_name, qualname in references:
         try:
-            code = code_of(named(module_name, qualname))
-        except (ImportError, AttributeError):
+            source = textwrap.dedent(inspect.getsource(named(module_name, qualname)))
+        except (ImportError, AttributeError, OSError, TypeError):
             continue
-        mark = fingerprint(code) if code is not None else None
-        if mark:
-            prints[mark] = code.co_qualname
-    return prints
+        by_name.setdefault(qualname.split(".")[0], {})[qualname.split(".")[-1]] = source
+    prints = {}
+    for name, parts in by_name.items():
+        methods = (graded.get(name) or {}).get("methods")
+        if methods and all(m in parts for m in methods):
+            text = "class _Reference:\n" + "".join(textwrap.indent(parts[m], "    ") for m in methods)
+            prints[name] = likeness.exercise_tokens("_Reference", methods, text, {})
+        elif not methods and name in parts:
+            prints[name] = likeness.exercise_tokens(name, None, parts[name], {})
+    return {name: tokens for name, tokens in prints.items() if tokens}
 
 
-def copies_of_the_reference(names: list, graded: dict, sources: dict, prints: dict) -> list[str]:
-    """The graded functions whose code, as typed into the learner's cell that last defined them, is a
-    reference's by meaning (renamed or reformatted): read from the cell's text, never from the host."""
+def copies_of_the_reference(names: list, graded: dict, sources: dict, references: dict) -> list[str]:
+    """The graded names whose code, as typed into the learner's cell that last defined them, is the
+    reference's by meaning (renamed, reformatted, loops rewritten, helpers split out): read from the
+    cell's text, never from the host."""
     found = []
+    helpers: dict = {}
+    for source in dict.fromkeys(sources.values()):
+        helpers.update(likeness.definitions(source)[0])
     for name in names:
-        source = sources.get(name)
-        if source is None:
+        if name not in sources or name not in references:
+            continue
+        mine = likeness.exercise_tokens(name, graded[name].get("methods"), sources[name], helpers)
+        if mine and likeness.alike(mine, references[name]):
+            found.append(f"{name} is the reference's code by meaning")
+    return sorted(set(found))
+
+
+def _kernel_names(references: list, graded: dict) -> set[str]:
+    """The graded functions whose reference is a Triton program (engine.course.sealed.kernels)."""
+    found = set()
+    for module_name, qualname in references:
+        if "." in qualname or (graded.get(qualname) or {}).get("methods"):
             continue
         try:
-            module = compile(source, "<learner cell>", "exec")
-        except (SyntaxError, ValueError):
+            import textwrap
+            if kernels.is_kernel(textwrap.dedent(inspect.getsource(named(module_name, qualname)))):
+                found.add(qualname)
+        except (ImportError, AttributeError, OSError, TypeError):
             continue
-        methods = graded[name].get("methods")
-        wanted = {f"{name}.{m}" for m in methods} if methods else {name}
-        for code in every_code(module):
-            mark = fingerprint(code) if code.co_qualname in wanted else None
-            if mark in prints:
-                found.append(f"{code.co_qualname if methods else name} has the code of the reference's "
-                             f"{prints[mark]}")
-    return sorted(set(found))
+    return found
+
+
+def _not_a_kernel(why: str):
+    def refused(*args, **kwargs):
+        raise NotImplementedError(why)
+    return refused
+
+
+CELL_REPLY = {"status": str, "outputs": list, "refused": list}
+BEGIN_REPLY = {"notes": list}
+END_REPLY = {"tampered": list, "refused": list}
+_OUTPUT_TYPES = {"stream", "error", "display_data", "execute_result"}
+
+
+def _checked(reply, schema: dict) -> dict:
+    """The host's reply if it has the schema's fields with their types (lists of strings, outputs as
+    notebook outputs of strings); otherwise a reply that costs the cell, marked malformed."""
+    def fine(key, kind, value) -> bool:
+        if not isinstance(value, kind):
+            return False
+        if key == "outputs":
+            return all(isinstance(o, dict) and o.get("output_type") in _OUTPUT_TYPES and all(
+                isinstance(v, (str, list, dict)) for v in o.values()) for o in value)
+        return kind is not list or all(isinstance(item, str) for item in value)
+    if isinstance(reply, dict) and all(fine(k, t, reply.get(k)) for k, t in schema.items()) and (
+            "status" not in schema or reply["status"] in ("ok", "error", "interrupted")):
+        return {k: reply[k] for k in schema}
+    broken = {k: ([] if t is list else "error") for k, t in schema.items()}
+    if "outputs" in broken:
+        broken["outputs"] = [{"output_type": "error", "ename": "GradingRefused", "evalue": MALFORMED,
+                              "traceback": [f"GradingRefused: {MALFORMED}"]}]
+    return dict(broken, malformed=True)
+
+
+MALFORMED = "the notebook's process sent the grader a malformed reply: this cell does not count"
 
 
 def _shadow_run(shadow: dict, source: str, name: str) -> None:

@@ -22,6 +22,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import types
 
 import torch
@@ -34,6 +35,11 @@ MAX_DEPTH = 60               # containers nested deeper than this are refused
 
 class RemoteGone(ConnectionError):
     """The other process stopped answering (it exited, crashed or was killed)."""
+
+
+class TooSlow(RemoteGone):
+    """The other process took longer than its allowance (wall clock, the waiting side's own work not
+    counted) to answer: it is stuck or asleep, and the channel cannot be trusted to be in step again."""
 
 
 class RemoteError(Exception):
@@ -99,6 +105,8 @@ class Channel:
         self.lock = threading.RLock()
         self.next_call = 0
         self.received: list = []                  # (tensor or generator read by attribute, its state, where)
+        self.allowance: float | None = None       # seconds the other side may still take to answer, or None
+        self.broken = False                       # out of step since an answer came too late
 
     # ------------------------------------------------------------------------------------- encoding
     def encode(self, value, tensors: list | None = None, depth: int = 0):
@@ -367,6 +375,8 @@ class Channel:
 
     def request(self, op: str, target, *args, **kwargs):
         """Ask the other side to do `op` on `target` (a Remote); answer its requests until the reply."""
+        if self.broken:
+            raise TooSlow("the notebook's process is still busy with an earlier question")
         with self.lock:
             self._write_back()
             value = self._request(op, target, args, kwargs)
@@ -413,7 +423,7 @@ class Channel:
 
     def _wait(self, call: int, sent: list):
         while True:
-            message = self._receive()
+            message = self._timed_receive()
             if "reply" in message:
                 if message["reply"] != call:
                     raise RemoteGone("the other process answered out of turn")
@@ -426,6 +436,22 @@ class Channel:
                     raise self.decode(message["error"])
                 return self.decode(message["value"])
             self.answer(message)
+
+    def _timed_receive(self) -> dict:
+        """The next message; with an allowance, only the time spent waiting for it is taken from the
+        allowance (answering the other side's own requests meanwhile is this side's time)."""
+        if self.allowance is None:
+            return self._receive()
+        started = time.monotonic()
+        self.sock.settimeout(max(self.allowance, 0.001))
+        try:
+            return self._receive()
+        except TimeoutError:
+            self.broken = True
+            raise TooSlow("the notebook's code took longer than its time to answer") from None
+        finally:
+            self.sock.settimeout(None)
+            self.allowance -= time.monotonic() - started
 
     def answer(self, message: dict) -> None:
         """Do what one request asks, and send the reply (the result, or the exception it raised)."""

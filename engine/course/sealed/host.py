@@ -1,0 +1,611 @@
+"""The host: the process that runs a notebook's cells and holds the learner's objects for the judge.
+
+`make grade` and nbgrader's autograde (through engine.course.nbgrader_course.SealedExecute) run a
+learner's notebook in two processes (engine.course.kernel.SealedKernel). This one, the host, runs every
+cell (in the sandbox: engine.course.sandbox) and answers the requests of the judge
+(engine.course.sealed.judge), which runs the graded tests on the grader's own engine, decides from the
+cells' text what may count, and signs the verdicts. The host holds no key and decides nothing: what it
+can do to a score is answer the checks' questions. It imports its own copy of the chapter's host engine
+(engine.course.edition.host_engine), whose taught bodies are stubs, on a path with nothing else of the
+course (engine.course.kernel.host_argv).
+
+What it still watches is for the instructor's flags, and for the chapter's code that runs here:
+
+- **Pristine state.** Before any learner code runs, the host imports the checks, the engine and what
+  the chapter's locked cells import, and records every module's functions, classes and constants. Before
+  each graded test what was changed is put back (the chapter's helpers run here on it) and reported.
+- **Refusals.** An audit hook, installed first, refuses what learner code could use to probe a grader
+  it shares a machine with: frame and garbage-collector introspection, ctypes, tracing hooks, building
+  code objects, /proc, starting programs.
+- **CPU time.** A cell, and the host's answers during a test, may use the CPU seconds the judge grants
+  (cpu_limit): a busy machine slows them down without making them need more.
+"""
+from __future__ import annotations
+
+import builtins
+import enum
+import io
+import os
+import re
+import signal
+import sys
+import sysconfig
+import threading
+import traceback
+import types
+
+ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+MAX_STREAM_CHARS = 50_000        # per cell and stream: a flood of prints is cut, not shipped
+TRUSTED_PREFIX = "<trusted "     # the file name of every chapter cell the worker compiles
+LEARNER_PREFIX = "<learner "     # ... and of every learner cell
+
+# Events refused when the first frame above them that is neither library nor engine code is learner code.
+BLOCKED_EVENTS = {
+    "gc.get_objects": "walk the garbage collector's objects",
+    "gc.get_referrers": "walk the garbage collector's objects",
+    "gc.get_referents": "walk the garbage collector's objects",
+    "sys._current_frames": "inspect other frames",
+    "sys._getframe": "inspect frames",
+    "sys.settrace": "install a tracing hook",
+    "sys.setprofile": "install a profiling hook",
+    "code.__new__": "build code objects",
+    "function.__new__": "build functions from code objects",
+    "marshal.loads": "load raw bytecode",
+    "marshal.load": "load raw bytecode",
+}
+BLOCKED_PREFIXES = ("ctypes.", "_ctypes")
+FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"}
+FUNCTION_ATTRIBUTES = {"__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__"}
+# /proc itself and every process's folder in it (memory, maps, fds, environment), however the path is
+# spelled: `/proc//self/mem`, `..`, a relative path after chdir, a symbolic link.
+PROC_PROCESS = re.compile(r"^/proc(/+(self|thread-self|\d+)(/.*)?)?/*$")
+# Starting another program: it would run outside this worker's audit hook (and could read its memory).
+PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                  "os.forkpty", "pty.spawn", "os.startfile")
+PATH_EVENTS = ("open", "os.listdir", "os.scandir", "os.chdir", "os.symlink", "os.link", "shutil.copyfile",
+               "os.truncate", "os.rename")
+
+
+def process_path(path) -> bool:
+    """Whether `path` (str, bytes or path-like; relative to the cwd) names /proc or a process's folder
+    in it, before or after resolving `.`, `..`, repeated slashes and symbolic links."""
+    try:
+        text = os.fsdecode(os.fspath(path))
+    except TypeError:
+        return False                       # a file descriptor: opened already, by a path checked then
+    absolute = text if text.startswith("/") else os.path.join(os.getcwd(), text)
+    spellings = (absolute, os.path.normpath(absolute), os.path.realpath(absolute))
+    return any(PROC_PROCESS.match(spelling) for spelling in spellings)
+# Modules whose functions/constants are guarded (prefix match); others may change as they like.
+GUARDED = ("engine", "torch", "numpy", "builtins", "math", "operator", "functools", "itertools",
+           "collections", "random", "copy", "types", "sys", "hmac", "hashlib", "json", "traceback",
+           "warnings", "contextlib", "dataclasses", "typing", "inspect", "abc", "re", "unittest")
+# Re-checked on every return from learner code while a test runs (cheap, and what a check relies on).
+
+
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    paths = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        for scheme_vars in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
+            try:
+                paths.add(os.path.realpath(sysconfig.get_path(key, vars=scheme_vars or None)))
+                paths.add(sysconfig.get_path(key, vars=scheme_vars or None))
+            except (KeyError, TypeError):
+                pass
+    for path in sys.path:
+        if path and ("site-packages" in path or "dist-packages" in path or path.startswith(sys.base_prefix)):
+            paths.add(path)
+    return tuple(sorted(p.rstrip(os.sep) + os.sep for p in paths if p and p not in ("/", ENGINE_DIR)))
+
+
+def kind_of(filename: str, libraries: tuple[str, ...]) -> str:
+    """trusted (a chapter cell), engine (engine/, the grader included), library, or learner."""
+    if filename.startswith(TRUSTED_PREFIX):
+        return "trusted"
+    if filename.startswith(ENGINE_DIR):
+        return "engine"
+    if filename.startswith(libraries) or filename.startswith("<frozen"):
+        return "library"
+    return "learner"
+
+
+# ----------------------------------------------------------------------------- the pristine record
+
+def _guarded(name: str) -> bool:
+    return any(name == g or name.startswith(g + ".") for g in GUARDED)
+
+
+def _learner_made(code, libraries) -> bool:
+    """Code compiled from a learner cell, or from a file the learner wrote (not "<string>": the standard
+    library makes those too, e.g. dataclass methods)."""
+    name = code.co_filename
+    return name.startswith(LEARNER_PREFIX) or (not name.startswith("<") and kind_of(name, libraries) == "learner")
+
+
+def _is_learner_object(value, libraries) -> bool:
+    """A function or class made by learner code."""
+    if isinstance(value, types.FunctionType):
+        return _learner_made(value.__code__, libraries)
+    if isinstance(value, type):
+        return any(isinstance(v, types.FunctionType) and _learner_made(v.__code__, libraries)
+                   for v in list(vars(value).values()))
+    return False
+
+
+def _entries_of(owner: dict) -> list:
+    """(dict, key, value, extras) for every guarded value of a module or class dict."""
+    entries = []
+    for key, value in list(owner.items()):
+        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
+                              types.MethodType, staticmethod, classmethod, property, bool, int, float, str,
+                              bytes, tuple, frozenset, type(None))) or callable(value):
+            extras = ()
+            if isinstance(value, types.FunctionType):
+                extras = (value.__code__, value.__defaults__, value.__kwdefaults__,
+                          tuple(c.cell_contents if _cell_full(c) else c for c in value.__closure__ or ()))
+            entries.append((owner, key, value, extras))
+    return entries
+
+
+def _cell_full(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def snapshot(modules: dict) -> tuple:
+    """Everything guarded, as an immutable record (objects kept alive, compared by identity)."""
+    entries = []
+    module_ids = []
+    for name, module in list(modules.items()):
+        if _guarded(name):
+            module_ids.append((name, module))
+        if not isinstance(module, types.ModuleType) or not _guarded(name):
+            continue
+        namespace = vars(module)
+        engine_module = name.startswith("engine")
+        if name.startswith("torch") and name not in ("torch", "torch.nn.functional", "torch.testing",
+                                                     "torch.functional"):
+            # torch's many submodules: identity of functions and classes only
+            entries += [(namespace, k, v, ()) for k, v in list(namespace.items())
+                        if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type))]
+            continue
+        entries += _entries_of(namespace)
+        if engine_module or name == "torch":
+            for value in list(namespace.values()):
+                if isinstance(value, type) and (value.__module__ == name or value.__module__.startswith("torch")
+                                                and name == "torch" and value.__name__ == "Tensor"):
+                    entries.append((None, value, tuple(vars(value).items()), ()))
+        else:   # the standard library's own classes (json.JSONEncoder, hmac.HMAC, ...): their methods
+            for value in list(namespace.values()):
+                if isinstance(value, type) and value.__module__ == name and not isinstance(value, enum.EnumMeta):
+                    methods = tuple((k, v) for k, v in vars(value).items() if _is_method(v))
+                    entries.append((_METHODS, value, methods, ()))
+    return tuple(module_ids), tuple(entries)
+
+
+_METHODS = "methods"          # a class entry that guards the methods only (the stdlib's classes)
+
+
+def _is_method(value) -> bool:
+    return isinstance(value, (types.FunctionType, staticmethod, classmethod, property))
+
+
+def _methods_changed(cls, items) -> bool:
+    current = vars(cls)
+    now = [k for k, v in current.items() if _is_method(v)]
+    return len(now) != len(items) or any(current.get(k, _MISSING) is not v for k, v in items)
+
+
+def _class_items_changed(cls, items) -> bool:
+    current = vars(cls)
+    if len(current) != len(items):
+        return True
+    return any(current.get(k, _MISSING) is not v for k, v in items
+               if k not in ("__weakref__", "__dict__", "_abc_impl", "__parameters__"))
+
+
+_MISSING = object()
+
+
+def _put_back(cls, items, guarded) -> None:
+    """Give `cls` the recorded `items` again, dropping attributes added since that `guarded` covers."""
+    recorded = dict(items)
+    for k in [k for k, v in list(vars(cls).items()) if guarded(v) and k not in recorded]:
+        try:
+            delattr(cls, k)
+        except (AttributeError, TypeError):
+            pass
+    for k, v in items:
+        if vars(cls).get(k, _MISSING) is not v:
+            try:
+                setattr(cls, k, v)
+            except (AttributeError, TypeError):
+                pass
+
+
+def differences(record: tuple, modules: dict, libraries: tuple[str, ...], repair: bool) -> list[str]:
+    """What differs from the record (put back when repair)."""
+    module_ids, entries = record
+    found = []
+    for name, module in module_ids:
+        if modules.get(name) is not module:
+            found.append(f"sys.modules[{name!r}]")
+            if repair:
+                modules[name] = module
+    for owner, key, value, extras in entries:
+        if owner is _METHODS:  # a standard-library class: key is the class, value its methods
+            if _methods_changed(key, value):
+                found.append(f"{key.__module__}.{key.__qualname__}")
+                if repair:
+                    _put_back(key, value, _is_method)
+            continue
+        if owner is None:  # a class: key is the class, value its items
+            if _class_items_changed(key, value):
+                found.append(f"{key.__module__}.{key.__qualname__}")
+                if repair:
+                    _put_back(key, value, lambda v: True)
+            continue
+        current = owner.get(key, _MISSING)
+        changed = current is not value
+        if not changed and extras:
+            code, defaults, kwdefaults, closure = extras
+            now = tuple(c.cell_contents if _cell_full(c) else c for c in value.__closure__ or ())
+            changed = (value.__code__ is not code or value.__defaults__ is not defaults
+                       or value.__kwdefaults__ is not kwdefaults or len(now) != len(closure)
+                       or any(a is not b for a, b in zip(now, closure)))
+            if changed and repair:
+                value.__code__, value.__defaults__, value.__kwdefaults__ = code, defaults, kwdefaults
+                for cell, content in zip(value.__closure__ or (), closure):
+                    if _cell_full(cell) and cell.cell_contents is not content:
+                        cell.cell_contents = content
+        if changed:
+            label = owner.get("__name__", "?") if isinstance(owner, dict) else "?"
+            found.append(f"{label}.{key}")
+            if repair and current is not value:
+                owner[key] = value
+    recorded = {name for name, _ in module_ids}
+    for name, module in list(modules.items()):  # entries new since the record: no learner code inside
+        if name in recorded or not _guarded(name):
+            continue
+        if not isinstance(module, types.ModuleType):
+            found.append(f"sys.modules[{name!r}] (not a module)")
+        elif any(_is_learner_object(v, libraries) for v in list(vars(module).values())):
+            found.append(f"sys.modules[{name!r}] (a module made by the notebook)")
+        else:
+            continue
+        if repair:
+            del modules[name]
+    return found
+
+
+def hooks_state(baseline_threads: int) -> list[str]:
+    """Hooks and threads that would let code run during a check unseen."""
+    found = []
+    if sys.gettrace() is not None:
+        found.append("a tracing hook (sys.settrace)")
+    if threading._trace_hook is not None or threading._profile_hook is not None:  # noqa: SLF001
+        found.append("a thread tracing hook")
+    if len(sys._current_frames()) > baseline_threads:
+        found.append("a thread the notebook started, still running")
+    return found
+
+
+# ----------------------------------------------------------------------------- running cells
+
+class _Capture(io.TextIOBase):
+    """A stream that keeps what is written (up to MAX_STREAM_CHARS)."""
+
+    def __init__(self):
+        self.parts, self.size = [], 0
+
+    def write(self, text):
+        text = str.__str__(text) if isinstance(text, str) else str(text)
+        if self.size < MAX_STREAM_CHARS:
+            self.parts.append(text[:MAX_STREAM_CHARS - self.size])
+            self.size += len(text)
+        return len(text)
+
+    def writable(self):
+        return True
+
+    def text(self) -> str:
+        value = "".join(self.parts)
+        return value + ("\n[... output cut ...]\n" if self.size > MAX_STREAM_CHARS else "")
+
+
+def _stream_outputs(out: _Capture, err: _Capture) -> list[dict]:
+    """A cell's printed text as notebook stream outputs (nothing for a stream it did not write to)."""
+    return [{"output_type": "stream", "name": name, "text": capture.text()}
+            for name, capture in (("stdout", out), ("stderr", err)) if capture.text()]
+
+
+def named(module_name: str, qualname: str):
+    """The object `qualname` (a function, class or Class.method) of a module, imported if need be."""
+    target = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _error_output(exc: BaseException) -> dict:
+    try:
+        ename = type(exc).__name__
+        evalue = str(exc)
+        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    except BaseException as broken:  # an exception whose __str__ misbehaves
+        ename, evalue, lines = type(exc).__name__, f"(its message could not be shown: {type(broken).__name__})", []
+    return {"output_type": "error", "ename": str.__str__(ename), "evalue": str.__str__(evalue),
+            "traceback": [str.__str__(line) for line in lines][-12:]}
+
+
+def _names_bound(source: str) -> set[str]:
+    """Top-level names a cell binds (assignments, imports, defs, classes)."""
+    import ast
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name):
+                        names.add(sub.id)
+    return names
+
+
+def _names_read(source: str) -> set[str]:
+    import ast
+    try:
+        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
+
+
+def not_dumpable() -> bool:
+    """Mark this process not dumpable (Linux prctl), before any learner code runs: no other process of
+    the same user (a child it starts included) may then read its memory through /proc/<pid>/mem or
+    ptrace, so the key cannot be read from outside. False where the system offers no prctl."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0 and libc.prctl(3, 0, 0, 0, 0) == 0   # SET / GET_DUMPABLE
+    except (OSError, AttributeError):
+        return False
+
+
+def _audit_hook(state: dict, libraries: tuple):
+    """The hook that refuses, when the first frame above the event that is neither library nor engine
+    code is learner code, what BLOCKED_EVENTS and the path, process and compile rules name."""
+    guard = [False]
+
+    def audit_hook(event, args, _libs=libraries, _kind=kind_of, _blocked=BLOCKED_EVENTS,
+                   _harness=os.path.abspath(__file__)):
+        reason, refusal = _refused(event, args, _blocked)
+        if reason is None or guard[0]:
+            return
+        if reason == "":
+            raise RuntimeError("graded code may not add audit hooks")
+        if event == "compile" and len(args) > 1 and not args[1].startswith("<"):
+            event = "marshal.compile"      # an import compiling a library file is fine: only direct calls
+        guard[0] = True
+        try:
+            frame = sys._getframe(1)
+            immediate = True
+            while frame is not None:
+                kind = _kind(frame.f_code.co_filename, _libs)
+                # A chapter cell's function does not vouch for its caller: the walk goes on to the grader.
+                if kind == "learner":
+                    # Loading bytecode or setting a function's code: only learner code doing it itself
+                    # (the standard library's namedtuple sets its functions' defaults).
+                    if (event.startswith("marshal.") or event == "object.__setattr__") and not immediate:
+                        return
+                    state["events"].append(reason)
+                    raise refusal(f"graded code may not {reason} (the grader refused {event})")
+                if kind == "engine" and frame.f_code.co_filename == _harness:
+                    return  # the grader's own code (learner code it runs sits above it on the stack)
+                immediate = False
+                frame = frame.f_back
+        finally:
+            guard[0] = False
+    return audit_hook
+
+
+def _refused(event: str, args: tuple, blocked: dict):
+    """(why an event is refused, the exception to raise), (None, None) when it is not, ("", ...) for
+    another audit hook."""
+    reason = blocked.get(event)
+    if reason is not None:
+        return reason, ValueError
+    if event.startswith(BLOCKED_PREFIXES):
+        return "use ctypes", ValueError
+    if event == "sys.addaudithook":
+        return "", RuntimeError
+    if event == "object.__getattr__" and args[1] in FRAME_ATTRIBUTES:
+        return "inspect frames", ValueError
+    if event == "object.__setattr__" and args[1] in FUNCTION_ATTRIBUTES:
+        return f"replace a function's {args[1]}", ValueError
+    if event in PATH_EVENTS and any(process_path(arg) for arg in args[:2]
+                                    if isinstance(arg, (str, bytes, os.PathLike))):
+        return "read the process's memory or files in /proc", PermissionError
+    if event.startswith(PROCESS_EVENTS):
+        return "start another program", PermissionError   # an OSError: libraries that try a tool handle it
+    if event == "compile" and len(args) > 1 and isinstance(args[1], str) and not (
+            args[1].startswith("<") and not args[1].startswith((TRUSTED_PREFIX, LEARNER_PREFIX, "<frozen"))):
+        return f"compile code under the file name {args[1]!r}", ValueError
+    return None, None
+
+
+def _prepare(plan: dict) -> None:
+    """What the chapter's cells need, imported before any learner code runs (and recorded after)."""
+    if plan.get("mpl_agg", True):
+        os.environ.setdefault("MPLBACKEND", "Agg")
+    import warnings
+    warnings.filterwarnings("ignore", message=".*non-interactive.*")
+    warnings.filterwarnings("ignore", message=".*FigureCanvasAgg.*")
+    for module in plan.get("preimport", []):
+        try:
+            __import__(module)
+        except Exception:  # a broken import fails later, in its cell, with its own message
+            pass
+
+
+class Host:
+    """The notebook's namespace and what the judge asks of it: cells, names, and a test's start and end."""
+
+    def __init__(self, libraries: tuple, state: dict, graded: set[str]):
+        self.libraries, self.state, self.graded = libraries, state, graded
+        self.record = snapshot(sys.modules)
+        self.baseline_threads = len(sys._current_frames())
+        main_module = types.ModuleType("__main__")  # the notebook's namespace, as in a kernel
+        self.namespace = main_module.__dict__
+        self.namespace["__builtins__"] = builtins
+        sys.modules["__main__"] = main_module
+        self.trusted_bindings: dict = {}            # what the chapter's cells bound, put back before a test
+        self.pid = os.getpid()
+
+    def run_cell(self, source: str, kind: str, name: str, cpu: float | None = None) -> dict:
+        """A learner's or a chapter's cell, in the notebook's namespace (at most `cpu` seconds of this
+        process's CPU time): its outputs and status."""
+        filename = f"{TRUSTED_PREFIX if kind == 'trusted' else LEARNER_PREFIX}{name}>"
+        out, err = _Capture(), _Capture()
+        status, error = "ok", None
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = out, err
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            code = compile(source, filename, "exec")
+            cpu_limit(cpu)
+            exec(code, self.namespace)
+        except KeyboardInterrupt as exc:
+            status, error = "interrupted", _error_output(exc)
+        except BaseException as exc:  # SystemExit included: leaving early is a failed cell
+            status, error = "error", _error_output(exc)
+        finally:
+            cpu_limit(None)
+            if os.getpid() != self.pid:
+                os._exit(0)  # a process the notebook forked, back in the host's loop: it may not speak
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            sys.stdout, sys.stderr = saved
+            _reap_children()
+        outputs = _stream_outputs(out, err) + ([error] if error else [])
+        if "matplotlib.pyplot" in sys.modules:
+            try:
+                sys.modules["matplotlib.pyplot"].close("all")
+            except Exception:
+                pass
+        if kind == "trusted" and status == "ok":
+            self.trusted_bindings.update((b, self.namespace[b]) for b in _names_bound(source) if b in self.namespace)
+        return {"status": status, "outputs": outputs, "refused": self.events()}
+
+    def events(self) -> list:
+        events = sorted(set(self.state["events"]))
+        self.state["events"].clear()
+        return events
+
+    def begin_test(self, source: str, names: list, cpu: float | None = None) -> dict:
+        """Before the judge runs a test: put back what learner code changed and bind the chapter's names
+        again (its helpers run here), reported for the instructor; then the test's CPU time starts."""
+        repaired = differences(self.record, sys.modules, self.libraries, repair=True)
+        repaired += hooks_state(self.baseline_threads)
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
+        notes = ["put back before this test: " + ", ".join(sorted(set(repaired))[:8])] if repaired else []
+        for bound, value in self.trusted_bindings.items():
+            if bound not in self.graded:
+                self.namespace[bound] = value
+        cpu_limit(cpu)
+        return {"notes": notes}
+
+    def end_test(self) -> dict:
+        """After the test: what changed while it ran (for the instructor)."""
+        cpu_limit(None)
+        after = differences(self.record, sys.modules, self.libraries, repair=True) + hooks_state(self.baseline_threads)
+        return {"tampered": sorted(set(after)), "refused": self.events()}
+
+    def serve(self, op, target, args, kwargs):
+        if op == "cell":
+            return self.run_cell(*args)
+        if op == "lookup":
+            return {n: self.namespace[n] for n in args[0] if n in self.namespace}
+        if op == "begin_test":
+            return self.begin_test(*args)
+        if op == "end_test":
+            return self.end_test()
+        if op == "call_engine":          # a check's helper that must run where the learner's class is
+            module_name, qualname, *rest = args
+            if not (module_name == "engine" or module_name.startswith("engine.")):
+                raise PermissionError(f"{module_name} is not the engine's")
+            return named(module_name, qualname)(*rest, **kwargs)
+        raise ValueError(f"unknown operation {op!r}")
+
+
+def main() -> None:
+    """Host one notebook: read the plan from the judge, then run cells and answer its requests."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader interrupts cells, never the host itself
+    not_dumpable()
+    import socket
+    from engine.course.sealed.remote import Channel, RemoteGone
+    channel = Channel(socket.socket(fileno=int(sys.argv[1])), "L")
+    try:
+        plan = channel._receive()["plan"]
+    except (RemoteGone, KeyError, TypeError):
+        return
+    libraries = _library_prefixes()
+    state = {"events": []}
+    sys.addaudithook(_audit_hook(state, libraries))
+    signal.signal(signal.SIGPROF, _out_of_cpu)
+    _prepare(plan)
+    graded = set(plan.get("graded", {})) | {n for specs in plan.get("graded_by_cell", {}).values() for n in specs}
+    host = Host(libraries, state, graded)
+    channel.serve = host.serve
+    channel._send({"ready": True})
+    while True:
+        try:
+            message = channel._receive()
+        except RemoteGone:
+            return
+        channel.answer(message)
+
+
+def cpu_limit(seconds: float | None) -> None:
+    """Stop this process's code (TimeoutError) once it has used `seconds` more of CPU time, all its
+    threads together (None: no limit). CPU time, not the wall clock: a busy machine slows a cell down
+    but does not make it need more CPU time."""
+    signal.setitimer(signal.ITIMER_PROF, seconds if seconds else 0)
+    _CPU_LIMIT[0] = seconds
+
+
+_CPU_LIMIT = [None]
+
+
+def _out_of_cpu(signum, frame) -> None:
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    raise TimeoutError(f"the cell used more than its {_CPU_LIMIT[0] or 0:g} s of CPU time and was stopped")
+
+
+def _reap_children() -> None:
+    """Collect the exit status of processes the notebook started and left (so none stays a zombie)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Every decision in the judge, from the cells' text: own work, refusals, copies of the reference.
+
+Three learners' own chapter 2 solutions (tests/fixtures/sealed_styles.py, one sharing the reference's
+idea closely) are never refused or flagged; the reference re-typed with meaning-preserving edits is
+flagged; the graded names bound any way but the learner's own def or class, code that reaches for the
+grader's files, process or code, the engine's own version of the taught name or the checks are refused.
+The host's replies are checked against a schema: a malformed one costs the cell.
+"""
+import pytest
+
+from engine.course import exercises
+from engine.course.sealed import decide, likeness
+from engine.course.sealed.judge import _checked, _reference_tokens, copies_of_the_reference, CELL_REPLY, END_REPLY
+from fixtures.course_support import REPO, expanded
+from fixtures.sealed_styles import HONEST, RETYPED
+
+CH02 = REPO / "solutions" / "ch02_block_tables.py"
+PLAN = exercises.plan_for(CH02)
+GRADED = PLAN.graded()
+SETUP = next(c.source for c in expanded(CH02).cells if c.metadata.get("nbgrader", {}).get("grade_id") == "ch02_setup")
+NAMES = {"ch02_physical_slot": "physical_slot", "ch02_allocator": "BlockAllocator"}
+
+
+def notebook(cells: dict) -> decide.Notebook:
+    """The judge's record of a notebook: the chapter's setup, then the learner cells `cells`."""
+    engine_names, check_names = decide.chapter_names(SETUP)
+    book = decide.Notebook(GRADED, set(PLAN.graded_by_cell()), engine_names, check_names)
+    for name, source in cells.items():
+        book.add(name, source)
+    return book
+
+
+def copies(cells: dict) -> list[str]:
+    sources = {NAMES[cell]: source for cell, source in cells.items() if cell in NAMES}
+    return copies_of_the_reference(sorted(sources), GRADED, sources, _reference_tokens(PLAN.references, GRADED))
+
+
+@pytest.mark.parametrize("who", sorted(HONEST))
+def test_honest_solutions_in_their_own_styles_are_neither_refused_nor_flagged(who):
+    book = notebook(HONEST[who])
+    for name in NAMES.values():
+        assert book.reasons([name]) == [], (who, name)
+    assert copies(HONEST[who]) == [], who
+
+
+def test_the_reference_retyped_with_meaning_preserving_edits_is_flagged():
+    assert copies(RETYPED) == ["BlockAllocator is the reference's code by meaning",
+                               "physical_slot is the reference's code by meaning"]
+    assert notebook(RETYPED).reasons(list(NAMES.values())) == []     # its points are kept: it works
+
+
+def test_the_solution_itself_is_flagged_as_the_reference():
+    solution = {c.metadata["nbgrader"]["grade_id"]: c.source for c in expanded(CH02).cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") in NAMES}
+    assert len(copies(solution)) == 2
+
+
+BOUND_OTHERWISE = {   # the graded name bound by something other than the learner's own def or class
+    "imported": "from engine.cache.slots import physical_slot\n",
+    "aliased": "import engine.cache.slots as s\nphysical_slot = s.physical_slot\n",
+    "decorated": "@lambda f: f\ndef physical_slot(table, pos, block_size):\n    return 0, 0\n",
+    "rebound after": "def physical_slot(t, p, b):\n    return 0, 0\nphysical_slot = len\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOUND_OTHERWISE))
+def test_a_graded_function_not_defined_by_the_learners_def_is_refused(case):
+    reasons = notebook({"ch02_physical_slot": BOUND_OTHERWISE[case]}).reasons(["physical_slot"])
+    assert reasons and all("must be your own code" in why for why in reasons), reasons
+
+
+CLASSES = {
+    "empty subclass": "import engine.cache.allocator\nclass BlockAllocator(engine.cache.allocator.BlockAllocator):\n"
+                      "    pass\n",
+    "assigned method": "import engine.cache.allocator as a\nclass BlockAllocator(a.BlockAllocator):\n"
+                       "    allocate = a.BlockAllocator.allocate\n    def share(self, b): pass\n"
+                       "    def release(self, b): pass\n",
+    "super": "import engine.cache.allocator as a\nclass BlockAllocator(a.BlockAllocator):\n"
+             "    def allocate(self, n=1):\n        return super().allocate(n)\n"
+             "    def share(self, b): pass\n    def release(self, b): pass\n",
+    "the engine's own": "import engine.cache.allocator as a\nclass BlockAllocator(a.BlockAllocator):\n"
+                        "    def allocate(self, n=1):\n        return a.BlockAllocator.allocate(self, n)\n"
+                        "    def share(self, b): pass\n    def release(self, b): pass\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLASSES))
+def test_a_graded_class_whose_taught_methods_are_not_the_learners_is_refused(case):
+    reasons = notebook({"ch02_allocator": CLASSES[case]}).reasons(["BlockAllocator"])
+    assert reasons and all("must be your own code" in why for why in reasons), reasons
+
+
+def test_a_taught_method_from_the_learners_own_base_class_counts():
+    cell = ("class Base:\n    def allocate(self, n=1):\n        return []\n    def share(self, b): pass\n"
+            "    def release(self, b): pass\nclass BlockAllocator(Base):\n    pass\n")
+    assert notebook({"ch02_allocator": cell}).reasons(["BlockAllocator"]) == []
+
+
+REACHING = {   # each reaches the grader's files, process or code, or builds code at run time
+    "exec": "exec(open('/work/engine/cache/slots.py').read())",
+    "compile": "code = compile('x = 1', 'engine/cache/slots.py', 'exec')",
+    "importlib": "import importlib.util as u",
+    "inspect": "import inspect",
+    "socket": "import socket\nsocket.socket.sendall = lambda self, data: None",
+    "os": "from os import walk",
+    "sys path": "import sys\nsys.path.insert(0, '/work')",
+    "dunders": "f = len.__self__.__dict__",
+    "globals": "globals()['physical_slot'] = print",
+    "builtins": "__builtins__.open",
+    "checks": "import engine.checks.ch02 as mine",
+    "setattr": "setattr(physical_slot, 'x', 1)",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REACHING))
+def test_a_cell_that_reaches_for_the_graders_files_process_or_code_is_refused(case):
+    honest = dict(HONEST["A"])
+    in_exercise = dict(honest, ch02_physical_slot=honest["ch02_physical_slot"] + "\n" + REACHING[case] + "\n")
+    assert notebook(in_exercise).reasons(["physical_slot"]), case           # the exercise's own cell
+    assert notebook(in_exercise).reasons(["BlockAllocator"]) == [], case    # ... costs only its tests
+    added = dict(honest, cell9=REACHING[case])                             # a cell of the learner's own
+    assert all(notebook(added).reasons([name]) for name in NAMES.values()), case
+
+
+def test_a_graded_function_that_calls_into_the_checks_is_refused():
+    cell = "def physical_slot(table, pos, block_size):\n    return ch02.physical_slot(table, pos, block_size)\n"
+    assert any("checks" in why for why in notebook({"ch02_physical_slot": cell}).reasons(["physical_slot"]))
+
+
+def test_a_helper_split_out_is_read_into_the_code_that_calls_it():
+    helper = "def _where(t, p, b):\n    return t[p // b], p % b\n"
+    whole = "def physical_slot(t, p, b):\n    return t[p // b], p % b\n"
+    split = "def physical_slot(t, p, b):\n    return _where(t, p, b)\n"
+    inline = likeness.exercise_tokens("physical_slot", None, whole, {})
+    apart = likeness.exercise_tokens("physical_slot", None, helper + split, likeness.definitions(helper)[0])
+    assert likeness.similarity(apart, inline) > 0.8
+
+
+def test_a_malformed_or_out_of_turn_host_reply_costs_the_cell():
+    good = {"status": "ok", "outputs": [{"output_type": "stream", "name": "stdout", "text": "hi"}], "refused": []}
+    assert _checked(good, CELL_REPLY) == good
+    for bad in (None, [], {"status": "ok"}, dict(good, status="passed"), dict(good, outputs=[{"output_type": "x"}]),
+                dict(good, refused=[3]), dict(good, outputs="ok")):
+        checked = _checked(bad, CELL_REPLY)
+        assert checked["status"] == "error" and checked["malformed"], bad
+    assert _checked({"tampered": [], "refused": None}, END_REPLY)["malformed"]
