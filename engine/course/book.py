@@ -323,7 +323,7 @@ def _print_pdf(page_path: Path, out_pdf: Path) -> Path:
 
 
 NUMBER_CONTENTS_JS = """pages => {
-  const links = document.querySelectorAll('.toctree-wrapper a.reference.internal[href^="#"]');
+  const links = document.querySelectorAll('.onlyprint li.toctree-l1 > a[href^="#"]');  // the printed contents
   for (const link of links) {
     const page = pages[decodeURIComponent(link.getAttribute('href').slice(1))];
     if (page && !link.querySelector('.course-toc-page')) {
@@ -380,7 +380,9 @@ def build_pdf(executed: dict[str, object], out_pdf: Path, stage_dir: Path | None
     stage_dir = stage_dir or root / "build" / "book" / "pdf"
     single = build_book(executed, stage_dir.parent / f"{stage_dir.name}-singlehtml", stage_dir=stage_dir,
                         builder="singlehtml")
-    return print_pdf(single / "index.html", out_pdf)
+    # index.html only redirects (after it loads) to the one page that holds the whole book: print that.
+    pages = [page for page in single.glob("*.html") if page.name not in {"index.html", "search.html", "genindex.html"}]
+    return print_pdf(pages[0] if len(pages) == 1 else single / "index.html", out_pdf)
 
 
 def execute_all(chapters: list[Path], workdir: Path) -> dict[str, object]:
