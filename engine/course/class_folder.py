@@ -151,7 +151,8 @@ def prepare(course_dir: Path, roster_file: Path, solutions: Path | None = None, 
     course_dir = Path(course_dir).resolve()
     course_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(roster_file, course_dir / "roster.ini")
-    hide = [Path(exchange) if exchange else exchange_root(course_dir)]
+    exchange = str(exchange or exchange_root(course_dir))     # the site's (or nbgrader's) when not given
+    hide = [Path(exchange)]
     prepare_course(course_dir, chapters, timeout or AUTOGRADE_CELL_TIMEOUT, sandbox, hide)
     with (course_dir / "nbgrader_config.py").open("a") as config:
         config.write(class_settings(roster, exchange))
@@ -238,7 +239,12 @@ def collect(course_dir: Path, assignment: str) -> list[Path]:
     """nbgrader collect --update (the latest submission replaces an earlier one), the history recorded;
     the collected notebooks."""
     from .nbgrader_course import run_nbgrader
-    run_nbgrader(course_dir, "collect", "--update", assignment)
+    from .nbgrader_course import NbgraderError
+    try:
+        run_nbgrader(course_dir, "collect", "--update", assignment)
+    except NbgraderError as error:
+        said = [line.split("] ", 1)[-1] for line in str(error).splitlines() if "CRITICAL" in line or "ERROR]" in line]
+        raise SystemExit(f"grade: nbgrader collect {assignment} failed: {said[0] if said else error}") from None
     record_history(course_dir, assignment, submission_times(course_dir, assignment))
     return sorted((Path(course_dir) / "submitted").glob(f"*/{assignment}/*.ipynb"))
 
