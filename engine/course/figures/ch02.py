@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 def draw_block_table(table: Sequence[int], length: int, block_size: int) -> None:
     """One row per logical block, labelled with its physical block; filled cells hold tokens. The
     cells narrow as the block grows, so the picture stays about 5 inches wide (a phone's width)."""
-    pitch, label = min(0.34, 3.8 / block_size), 1.0    # inches per cell, inches of row label
+    pitch, label = min(0.34, 3.6 / block_size), 1.0    # inches per cell, inches of row label
     fig, ax = plt.subplots(figsize=(label + pitch * block_size + 0.2, 0.45 * len(table) + 1.1))
     for row, physical in enumerate(table):
         for col in range(block_size):
