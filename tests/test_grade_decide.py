@@ -143,4 +143,4 @@ def test_a_malformed_or_out_of_turn_host_reply_costs_the_cell():
                 dict(good, refused=[3]), dict(good, outputs="ok")):
         checked = _checked(bad, CELL_REPLY)
         assert checked["status"] == "error" and checked["malformed"], bad
-    assert _checked({"tampered": [], "refused": None}, END_REPLY)["malformed"]
+    assert _checked({"refused": None}, END_REPLY)["malformed"]

@@ -330,7 +330,7 @@ def test_a_worker_that_cannot_start_says_why(tmp_path):
     # starting Python that way printed, not only a guess.
     from engine.course.kernel import SealedKernel
 
-    def broken(argv, cwd):
+    def broken(argv, cwd, **where):
         return ["sh", "-c", "echo 'python3: No module named engine' >&2; exit 3"]
     kernel = SealedKernel({}, cwd=tmp_path, wrap=broken, startup_timeout=5)
     with pytest.raises(RuntimeError) as raised:
@@ -339,13 +339,14 @@ def test_a_worker_that_cannot_start_says_why(tmp_path):
     assert "did not start" in str(raised.value) and "exits 3: python3: No module named engine" in str(raised.value)
 
 
-def run_in_bare_sandbox(tmp_path, code: str, hide=()) -> subprocess.CompletedProcess:
+def run_in_bare_sandbox(tmp_path, code: str, hide=(), readable=()) -> subprocess.CompletedProcess:
     """`code` run by Python in the sandbox alone (no sealed worker, whose audit hook refuses subprocess,
-    fork and /proc to notebook code anyway): what the sandbox itself stops."""
+    fork and /proc to notebook code anyway): what the sandbox itself stops. `readable`: folders bound
+    in besides the system and Python's (the sandbox binds nothing of the repository)."""
     box = sandbox.Sandbox(tmp_path / "work", hide=list(hide), limits=LIMITS)
     try:
-        return subprocess.run(box([sys.executable, "-I", "-c", code], tmp_path), capture_output=True,
-                              text=True, timeout=120, cwd=tmp_path)
+        return subprocess.run(box([sys.executable, "-I", "-c", code], tmp_path, readable=list(readable)),
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
     finally:
         box.close()
 
@@ -396,8 +397,14 @@ def test_the_worker_memory_cannot_be_read_by_a_process_it_starts(tmp_path):
               "child = subprocess.run([sys.executable, '-I', '-c', f'open(\"/proc/{{os.getpid()}}/mem\", \"rb\")'],"
               " capture_output=True, text=True)\n"
               "print('denied' if 'PermissionError' in child.stderr else 'read', child.returncode)\n")
-    sealed = run_in_bare_sandbox(tmp_path, reader.format(
-        mark="from engine.course.sealed.host import not_dumpable; assert not_dumpable()"))
+    from engine.course.kernel import private_copy
+    copy = private_copy(str(REPO))           # the host's own engine, as the grader binds it
+    try:
+        sealed = run_in_bare_sandbox(tmp_path, reader.format(
+            mark=f"sys.path.insert(0, {copy!r}); from engine.course.sealed.host import not_dumpable; "
+                 "assert not_dumpable()"), readable=[Path(copy)])
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
     plain = run_in_bare_sandbox(tmp_path, reader.format(mark="pass"))
     assert sealed.stdout.split()[0] == "denied", sealed.stdout + sealed.stderr
     assert plain.stdout.split()[0] == "read", plain.stdout + plain.stderr    # the test can tell

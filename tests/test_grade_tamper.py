@@ -60,7 +60,7 @@ def test_a_verbatim_copy_of_the_reference_is_flagged_not_zeroed(graded):
 
 
 def test_tampering_and_probing_are_flagged_for_the_instructor(graded):
-    assert any("put back" in f or "changed during the test" in f for f in graded["cheat_noop_checks"]["flags"])
+    assert any("refused: your cell" in f and "setattr()" in f for f in graded["cheat_noop_checks"]["flags"])
     assert any("refused" in f and "garbage collector" in f for f in graded["cheat_gc_key_hunt"]["flags"])
     assert any("refused" in f and "tracing hook" in f for f in graded["cheat_settrace"]["flags"])
 

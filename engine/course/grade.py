@@ -224,8 +224,6 @@ def _flag(flags: list[str], cell, run) -> None:
     verdict = getattr(run, "verdict", {}) or {}
     for note in verdict.get("notes", []):
         flags.append(f"{cells.grade_id(cell)}: tampering {note}")
-    if verdict.get("tampered"):
-        flags.append(f"{cells.grade_id(cell)}: changed during the test: {', '.join(verdict['tampered'][:4])}")
     if verdict.get("reasons"):
         flags.append(f"{cells.grade_id(cell)}: refused: {verdict['reasons'][0]}")
     if verdict.get("copied"):

@@ -9,21 +9,19 @@ can do to a score is answer the checks' questions. It imports its own copy of th
 (engine.course.edition.host_engine), whose taught bodies are stubs, on a path with nothing else of the
 course (engine.course.kernel.host_argv).
 
-What it still watches is for the instructor's flags, and for the chapter's code that runs here:
+What it still does beside running cells:
 
-- **Pristine state.** Before any learner code runs, the host imports the checks, the engine and what
-  the chapter's locked cells import, and records every module's functions, classes and constants. Before
-  each graded test what was changed is put back (the chapter's helpers run here on it) and reported.
 - **Refusals.** An audit hook, installed first, refuses what learner code could use to probe a grader
-  it shares a machine with: frame and garbage-collector introspection, ctypes, tracing hooks, building
-  code objects, /proc, starting programs.
+  it shares a machine with (the judge's memory holds the key): frame and garbage-collector
+  introspection, ctypes, tracing hooks, building code objects, /proc, starting programs. What it
+  refused is reported, for the instructor.
 - **CPU time.** A cell, and the host's answers during a test, may use the CPU seconds the judge grants
   (cpu_limit): a busy machine slows them down without making them need more.
+- **The chapter's names.** Before each test the names the chapter's cells bound are bound again.
 """
 from __future__ import annotations
 
 import builtins
-import enum
 import io
 import os
 import re
@@ -76,15 +74,6 @@ def process_path(path) -> bool:
     absolute = text if text.startswith("/") else os.path.join(os.getcwd(), text)
     spellings = (absolute, os.path.normpath(absolute), os.path.realpath(absolute))
     return any(PROC_PROCESS.match(spelling) for spelling in spellings)
-# Modules whose functions/constants are guarded (prefix match); others may change as they like.
-GUARDED = ("engine", "torch", "numpy", "builtins", "math", "operator", "functools", "itertools",
-           "collections", "random", "copy", "types", "sys", "hmac", "hashlib", "json", "traceback",
-           "warnings", "contextlib", "dataclasses", "typing", "inspect", "abc", "re", "unittest")
-# Re-checked on every return from learner code while a test runs (cheap, and what a check relies on).
-
-
-
-
 def _library_prefixes() -> tuple[str, ...]:
     paths = set()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
@@ -109,190 +98,6 @@ def kind_of(filename: str, libraries: tuple[str, ...]) -> str:
     if filename.startswith(libraries) or filename.startswith("<frozen"):
         return "library"
     return "learner"
-
-
-# ----------------------------------------------------------------------------- the pristine record
-
-def _guarded(name: str) -> bool:
-    return any(name == g or name.startswith(g + ".") for g in GUARDED)
-
-
-def _learner_made(code, libraries) -> bool:
-    """Code compiled from a learner cell, or from a file the learner wrote (not "<string>": the standard
-    library makes those too, e.g. dataclass methods)."""
-    name = code.co_filename
-    return name.startswith(LEARNER_PREFIX) or (not name.startswith("<") and kind_of(name, libraries) == "learner")
-
-
-def _is_learner_object(value, libraries) -> bool:
-    """A function or class made by learner code."""
-    if isinstance(value, types.FunctionType):
-        return _learner_made(value.__code__, libraries)
-    if isinstance(value, type):
-        return any(isinstance(v, types.FunctionType) and _learner_made(v.__code__, libraries)
-                   for v in list(vars(value).values()))
-    return False
-
-
-def _entries_of(owner: dict) -> list:
-    """(dict, key, value, extras) for every guarded value of a module or class dict."""
-    entries = []
-    for key, value in list(owner.items()):
-        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
-                              types.MethodType, staticmethod, classmethod, property, bool, int, float, str,
-                              bytes, tuple, frozenset, type(None))) or callable(value):
-            extras = ()
-            if isinstance(value, types.FunctionType):
-                extras = (value.__code__, value.__defaults__, value.__kwdefaults__,
-                          tuple(c.cell_contents if _cell_full(c) else c for c in value.__closure__ or ()))
-            entries.append((owner, key, value, extras))
-    return entries
-
-
-def _cell_full(cell) -> bool:
-    try:
-        cell.cell_contents
-        return True
-    except ValueError:
-        return False
-
-
-def snapshot(modules: dict) -> tuple:
-    """Everything guarded, as an immutable record (objects kept alive, compared by identity)."""
-    entries = []
-    module_ids = []
-    for name, module in list(modules.items()):
-        if _guarded(name):
-            module_ids.append((name, module))
-        if not isinstance(module, types.ModuleType) or not _guarded(name):
-            continue
-        namespace = vars(module)
-        engine_module = name.startswith("engine")
-        if name.startswith("torch") and name not in ("torch", "torch.nn.functional", "torch.testing",
-                                                     "torch.functional"):
-            # torch's many submodules: identity of functions and classes only
-            entries += [(namespace, k, v, ()) for k, v in list(namespace.items())
-                        if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type))]
-            continue
-        entries += _entries_of(namespace)
-        if engine_module or name == "torch":
-            for value in list(namespace.values()):
-                if isinstance(value, type) and (value.__module__ == name or value.__module__.startswith("torch")
-                                                and name == "torch" and value.__name__ == "Tensor"):
-                    entries.append((None, value, tuple(vars(value).items()), ()))
-        else:   # the standard library's own classes (json.JSONEncoder, hmac.HMAC, ...): their methods
-            for value in list(namespace.values()):
-                if isinstance(value, type) and value.__module__ == name and not isinstance(value, enum.EnumMeta):
-                    methods = tuple((k, v) for k, v in vars(value).items() if _is_method(v))
-                    entries.append((_METHODS, value, methods, ()))
-    return tuple(module_ids), tuple(entries)
-
-
-_METHODS = "methods"          # a class entry that guards the methods only (the stdlib's classes)
-
-
-def _is_method(value) -> bool:
-    return isinstance(value, (types.FunctionType, staticmethod, classmethod, property))
-
-
-def _methods_changed(cls, items) -> bool:
-    current = vars(cls)
-    now = [k for k, v in current.items() if _is_method(v)]
-    return len(now) != len(items) or any(current.get(k, _MISSING) is not v for k, v in items)
-
-
-def _class_items_changed(cls, items) -> bool:
-    current = vars(cls)
-    if len(current) != len(items):
-        return True
-    return any(current.get(k, _MISSING) is not v for k, v in items
-               if k not in ("__weakref__", "__dict__", "_abc_impl", "__parameters__"))
-
-
-_MISSING = object()
-
-
-def _put_back(cls, items, guarded) -> None:
-    """Give `cls` the recorded `items` again, dropping attributes added since that `guarded` covers."""
-    recorded = dict(items)
-    for k in [k for k, v in list(vars(cls).items()) if guarded(v) and k not in recorded]:
-        try:
-            delattr(cls, k)
-        except (AttributeError, TypeError):
-            pass
-    for k, v in items:
-        if vars(cls).get(k, _MISSING) is not v:
-            try:
-                setattr(cls, k, v)
-            except (AttributeError, TypeError):
-                pass
-
-
-def differences(record: tuple, modules: dict, libraries: tuple[str, ...], repair: bool) -> list[str]:
-    """What differs from the record (put back when repair)."""
-    module_ids, entries = record
-    found = []
-    for name, module in module_ids:
-        if modules.get(name) is not module:
-            found.append(f"sys.modules[{name!r}]")
-            if repair:
-                modules[name] = module
-    for owner, key, value, extras in entries:
-        if owner is _METHODS:  # a standard-library class: key is the class, value its methods
-            if _methods_changed(key, value):
-                found.append(f"{key.__module__}.{key.__qualname__}")
-                if repair:
-                    _put_back(key, value, _is_method)
-            continue
-        if owner is None:  # a class: key is the class, value its items
-            if _class_items_changed(key, value):
-                found.append(f"{key.__module__}.{key.__qualname__}")
-                if repair:
-                    _put_back(key, value, lambda v: True)
-            continue
-        current = owner.get(key, _MISSING)
-        changed = current is not value
-        if not changed and extras:
-            code, defaults, kwdefaults, closure = extras
-            now = tuple(c.cell_contents if _cell_full(c) else c for c in value.__closure__ or ())
-            changed = (value.__code__ is not code or value.__defaults__ is not defaults
-                       or value.__kwdefaults__ is not kwdefaults or len(now) != len(closure)
-                       or any(a is not b for a, b in zip(now, closure)))
-            if changed and repair:
-                value.__code__, value.__defaults__, value.__kwdefaults__ = code, defaults, kwdefaults
-                for cell, content in zip(value.__closure__ or (), closure):
-                    if _cell_full(cell) and cell.cell_contents is not content:
-                        cell.cell_contents = content
-        if changed:
-            label = owner.get("__name__", "?") if isinstance(owner, dict) else "?"
-            found.append(f"{label}.{key}")
-            if repair and current is not value:
-                owner[key] = value
-    recorded = {name for name, _ in module_ids}
-    for name, module in list(modules.items()):  # entries new since the record: no learner code inside
-        if name in recorded or not _guarded(name):
-            continue
-        if not isinstance(module, types.ModuleType):
-            found.append(f"sys.modules[{name!r}] (not a module)")
-        elif any(_is_learner_object(v, libraries) for v in list(vars(module).values())):
-            found.append(f"sys.modules[{name!r}] (a module made by the notebook)")
-        else:
-            continue
-        if repair:
-            del modules[name]
-    return found
-
-
-def hooks_state(baseline_threads: int) -> list[str]:
-    """Hooks and threads that would let code run during a check unseen."""
-    found = []
-    if sys.gettrace() is not None:
-        found.append("a tracing hook (sys.settrace)")
-    if threading._trace_hook is not None or threading._profile_hook is not None:  # noqa: SLF001
-        found.append("a thread tracing hook")
-    if len(sys._current_frames()) > baseline_threads:
-        found.append("a thread the notebook started, still running")
-    return found
 
 
 # ----------------------------------------------------------------------------- running cells
@@ -467,8 +272,6 @@ class Host:
 
     def __init__(self, libraries: tuple, state: dict, graded: set[str]):
         self.libraries, self.state, self.graded = libraries, state, graded
-        self.record = snapshot(sys.modules)
-        self.baseline_threads = len(sys._current_frames())
         main_module = types.ModuleType("__main__")  # the notebook's namespace, as in a kernel
         self.namespace = main_module.__dict__
         self.namespace["__builtins__"] = builtins
@@ -516,24 +319,23 @@ class Host:
         return events
 
     def begin_test(self, source: str, names: list, cpu: float | None = None) -> dict:
-        """Before the judge runs a test: put back what learner code changed and bind the chapter's names
-        again (its helpers run here), reported for the instructor; then the test's CPU time starts."""
-        repaired = differences(self.record, sys.modules, self.libraries, repair=True)
-        repaired += hooks_state(self.baseline_threads)
+        """Before the judge runs a test: bind the chapter's names again (the judge reads those its own
+        run of the chapter's cells did not bind from here), then the test's CPU time starts."""
         sys.settrace(None)
         threading.settrace(None)  # type: ignore[arg-type]
-        notes = ["put back before this test: " + ", ".join(sorted(set(repaired))[:8])] if repaired else []
+        rebound = sorted(b for b, v in self.trusted_bindings.items()
+                         if b not in self.graded and self.namespace.get(b) is not v)
         for bound, value in self.trusted_bindings.items():
             if bound not in self.graded:
                 self.namespace[bound] = value
         cpu_limit(cpu)
-        return {"notes": notes}
+        return {"notes": ["the chapter's names put back before this test: " + ", ".join(rebound[:8])]
+                if rebound else []}
 
     def end_test(self) -> dict:
-        """After the test: what changed while it ran (for the instructor)."""
+        """After the test: what the audit hook refused while it ran (for the instructor)."""
         cpu_limit(None)
-        after = differences(self.record, sys.modules, self.libraries, repair=True) + hooks_state(self.baseline_threads)
-        return {"tampered": sorted(set(after)), "refused": self.events()}
+        return {"refused": self.events()}
 
     def serve(self, op, target, args, kwargs):
         if op == "cell":

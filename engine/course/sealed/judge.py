@@ -8,7 +8,7 @@ engine and the chapter's setup cells; the names a test reads that the learner de
 for the host's objects (engine.course.sealed.remote), except a Triton kernel, which it builds from the
 cell's text itself (engine.course.sealed.kernels). Whether a test may count is decided here from the
 cells' text (engine.course.sealed.decide: own work, refusals; likeness: copies of the reference).
-What the host reports (what it put back, what it refused) is shown to the instructor, never deciding,
+What the host reports (the chapter's names it bound again, what it refused) is shown, never deciding,
 and a host reply that does not fit its schema costs the cell. Time is the host's CPU time and a
 wall-clock backstop counted only while the judge waits for the host (Budget).
 """
@@ -332,7 +332,7 @@ def _not_a_kernel(why: str):
 
 CELL_REPLY = {"status": str, "outputs": list, "refused": list}
 BEGIN_REPLY = {"notes": list}
-END_REPLY = {"tampered": list, "refused": list}
+END_REPLY = {"refused": list}
 _OUTPUT_TYPES = {"stream", "error", "display_data", "execute_result"}
 
 
