@@ -324,8 +324,15 @@ def _print_pdf(page_path: Path, out_pdf: Path) -> Path:
 
 NUMBER_CONTENTS_JS = """pages => {
   const links = document.querySelectorAll('.onlyprint li.toctree-l1 > a[href^="#"]');  // the printed contents
+  const sections = Array.from(document.querySelectorAll('section[id]'));
   for (const link of links) {
-    const page = pages[decodeURIComponent(link.getAttribute('href').slice(1))];
+    // the chapter's first section (its heading), not the document anchor before it, which can stay
+    // at the foot of the page before when the heading moves on to the next one
+    const id = decodeURIComponent(link.getAttribute('href').slice(1));
+    const anchor = document.getElementById(id);
+    const section = anchor && sections.find(
+        s => s === anchor || anchor.compareDocumentPosition(s) & Node.DOCUMENT_POSITION_FOLLOWING);
+    const page = (section && pages[section.id]) || pages[id];
     if (page && !link.querySelector('.course-toc-page')) {
       const number = document.createElement('span');
       number.className = 'course-toc-page';
