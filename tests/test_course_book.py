@@ -3,9 +3,12 @@
 The leak check is proven on the instructor edition: the same search finds every solution line there.
 No answer either: the learner pages show no ✓ line and none of the review answers (the values the
 review checks accept, taken from the checks themselves), and the search finds them in the instructor
-edition. The pages read: every figure's text is 11 px or more at the book's width (audited while the
-chapter ran), every explorer shows a picture at every position, every printed line fits 88 columns,
-no formula shows a literal \\_, and the setup cell is folded under a one-line summary.
+edition. The pages read: every figure's text is 11 px or more at the book's width and 10 px or more on
+a phone (audited while the chapter ran), every explorer shows a picture at every position, every
+printed line fits 88 columns, no formula shows a literal \\_, and the setup cell is folded under a one-line summary.
+Every link of the built book is well formed (https, a host, no spaces) or resolves to a file and an id
+of the build (no network is used); every paper and vLLM file a "Going deeper" list names is linked,
+and every page links the course's repository (book/_config.yml). Code lines are spans that keep the text.
 The built book needs no network: MathJax is served from the book itself and no page names a CDN;
 explorers are precomputed widgets; each chapter page keeps its review questions and "Going deeper"
 list, and the instructor edition shows the written answers' rubrics. (The browser checks of the same
@@ -462,3 +465,122 @@ def test_the_setup_cell_is_folded_under_a_one_line_summary(book, chapters):
         summary = setup_summary(setup.source)
         assert re.match(r"Setup: \d+ imports?", summary), summary
         assert 'class="cell tag_hide-input' in page and html.escape(summary, quote=False) in page, chapter.stem
+
+
+# ---- links --------------------------------------------------------------------------------------------
+
+class _Anchors(HTMLParser):
+    """Every <a href> of a page, and every id (and <a name>) it defines."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.hrefs, self.ids = [], set()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("name"):
+            self.ids.add(attrs["name"])
+        if tag == "a" and attrs.get("href") is not None:
+            self.hrefs.append(attrs["href"])
+
+
+def link_problems(site) -> list[str]:
+    """Each link of the built site that is broken: an external one not well formed (https, a host, no
+    spaces), an internal one whose file or anchor the build does not have. No network is used."""
+    pages = {page: _Anchors() for page in sorted(site.rglob("*.html")) if "_static" not in page.relative_to(site).parts}
+    for page, anchors in pages.items():
+        anchors.feed(page.read_text())
+    problems = []
+    for page, anchors in pages.items():
+        where = page.relative_to(site)
+        for href in anchors.hrefs:
+            url = urlparse(href)
+            if url.scheme or href.startswith("//"):
+                if url.scheme == "mailto":
+                    continue
+                if url.scheme != "https" or not re.fullmatch(r"[a-z0-9.-]+\.[a-z]{2,}", url.netloc or "") \
+                        or re.search(r"\s|[<>\"{}|\\^`]", href):
+                    problems.append(f"{where}: external link not well formed: {href!r}")
+                continue
+            target = (page.parent / url.path).resolve() if url.path else page
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.is_file():
+                problems.append(f"{where}: links to {href!r}, which the build does not have")
+            elif url.fragment and target in pages and url.fragment not in pages[target].ids:
+                problems.append(f"{where}: links to {href!r}, whose page has no id {url.fragment!r}")
+    return problems
+
+
+@pytest.mark.parametrize("edition", ["learner", "instructor"])
+def test_every_link_of_the_book_is_well_formed_or_resolves(book, edition):
+    problems = link_problems(book[edition])
+    assert not problems, f"{len(problems)} broken links:\n" + "\n".join(problems[:20])
+
+
+def test_the_link_check_catches_a_broken_link(tmp_path):
+    (tmp_path / "a.html").write_text('<p id="here"><a href="b.html#gone">x</a> <a href="#here">y</a> '
+                                     '<a href="http://example.com">z</a> <a href="https://exa mple.com/x">w</a> '
+                                     '<a href="missing.html">v</a> <a href="https://arxiv.org/abs/2309.06180">u</a></p>')
+    (tmp_path / "b.html").write_text('<h1 id="there">b</h1>')
+    problems = link_problems(tmp_path)
+    assert len(problems) == 4, problems
+    assert any("no id 'gone'" in p for p in problems) and any("missing.html" in p for p in problems)
+
+
+def going_deeper_items(chapter) -> list[str]:
+    """The bullet items of a chapter's "Going deeper" list, from its source (markdown, joined lines)."""
+    for cell in expanded(chapter).cells:
+        if cell.cell_type == "markdown" and re.search(r"Going deeper", cell.source):
+            text = cell.source.split("Going deeper", 1)[1].split("## Summary")[0].split("**Next.**")[0]
+            return [" ".join(item.split()) for item in re.split(r"\n\* ", "\n" + text)[1:]]
+    return []
+
+
+def test_every_paper_and_engine_file_in_going_deeper_is_linked():
+    """Each paper a "Going deeper" list names (an "et al." or a DeepSeek-AI reference) links to arXiv
+    or a DOI, and each vLLM file or folder it names links to vLLM's repository."""
+    for chapter in chapter_files(solutions_dir()):
+        items = going_deeper_items(chapter)
+        assert items, f"{chapter.stem}: no Going deeper list"
+        for item in items:
+            if re.search(r"et al\.|DeepSeek-AI", item):
+                assert re.search(r"\]\(https://(arxiv\.org/abs/\d{4}\.\d{4,5}|doi\.org/10\.\d+/)", item), \
+                    f"{chapter.stem}: a paper without its arXiv or DOI link: {item[:90]!r}"
+            for path in re.findall(r"`(vllm/[\w/.]+)`", item):
+                assert re.search(rf"\[`{re.escape(path)}`\]\(https://github\.com/vllm-project/vllm/(blob|tree)/main/",
+                                 item), f"{chapter.stem}: {path} is not linked to vLLM's repository"
+
+
+def test_the_book_links_to_the_courses_repository(book):
+    """book/_config.yml's repository url (the one setting) is linked from every page (the repository
+    button) and from the intro's text."""
+    import yaml
+
+    from fixtures.course_support import REPO
+    url = yaml.safe_load((REPO / "book" / "_config.yml").read_text())["repository"]["url"]
+    assert urlparse(url).scheme == "https" and urlparse(url).netloc, url
+    chapters = [f"chapters/{c.stem}.html" for c in chapter_files(solutions_dir())]
+    for page in ("intro.html", "course_guide.html", *chapters):
+        anchors = _Anchors()
+        anchors.feed((book["learner"] / page).read_text())
+        assert any(href.rstrip("/") == url.rstrip("/") for href in anchors.hrefs), f"{page} does not link {url}"
+    anchors = _Anchors()
+    anchors.feed((book["learner"] / "intro.html").read_text())
+    linked = [href for href in anchors.hrefs if href.rstrip("/") == url.rstrip("/")]
+    assert len(linked) >= 2, "the intro's text does not link the course's repository (only its button does)"
+
+
+def test_code_lines_are_spans_that_keep_the_text():
+    """book.hang_lines wraps each line of a <pre> in a span with its indentation and changes no
+    character of the text; a <pre> whose tags cross lines, and an explorer's text, stay as they were."""
+    from engine.course.book import hang_lines
+    page = ('<pre><span></span><span class="k">def</span> f():\n    <span class="k">return</span> 1\n\n</pre>'
+            '<pre class="course-explorer-text">a\nb</pre><pre>x <b>y\nz</b></pre>')
+    out = hang_lines(page)
+    assert out.count('class="course-line"') == 3 and 'style="--indent:4ch">    <span class="k">return' in out
+    strip = re.compile(r"<[^>]+>")
+    assert strip.sub("", out) == strip.sub("", page)
+    assert out.endswith('<pre class="course-explorer-text">a\nb</pre><pre>x <b>y\nz</b></pre>')

@@ -4,9 +4,13 @@ Headless Chromium (the system's, driven by Playwright's Python package) opens ea
 learner edition from disk, as a reader does, with every non-local request refused: each formula must be
 typeset by the book's own MathJax, each figure decoded, and moving an explorer's control must swap its
 picture with no kernel behind the page. At a 1,280 px window no code or output box scrolls sideways
-and 88 columns of code fit a code box. Search must find every chapter. `make book-pdf`'s PDF numbers
-every page, has an outline naming every chapter, cuts no box at the margin (measured in print layout)
-and leaves no empty box behind a split one (pdftoppm's pages searched for a tall empty grey frame).
+and 88 columns of code fit a code box. At 390 px (a phone) no page scrolls sideways, every figure's
+text shows at 10 px or more (its size in the PNG times the width the browser gives it), wrapped code
+hangs, and one search box shows; at 1,280 px figure text is 11 px or more. Search must find every
+chapter, and served over HTTP its summaries show no TeX. `make book-pdf`'s PDF numbers every page,
+gives each chapter's page in its contents, has an outline naming every chapter, cuts no box at the
+margin (measured in print layout) and leaves no empty box behind a split one (pdftoppm's pages
+searched for a tall empty grey frame).
 Screenshots go to build/artifacts/. Without Chromium these tests
 skip with a one-line hint; in CI (CI=true) they fail instead (tests/fixtures/browser_support.py).
 """
@@ -264,3 +268,163 @@ def test_the_book_pdf_has_every_chapter_with_typeset_math(book, book_pdf, tmp_pa
         assert image.width > 400 and high - low > 100, f"PDF page {number} renders blank"
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         png.rename(ARTIFACTS / f"book-pdf-page{number}.png")
+
+
+# ---- on a phone: every page at 390 px ------------------------------------------------------------------
+
+PHONE = {"width": 390, "height": 844}
+PHONE_PAGES = ["intro.html", *[f"chapters/{c.stem}.html" for c in CHAPTERS], "course_guide.html"]
+PHONE_JS = """() => {
+  const visible = el => { const r = el.getBoundingClientRect();
+    return r.width > 0 && r.height > 0 && getComputedStyle(el).visibility !== 'hidden' && r.right > 0
+      && r.left < window.innerWidth; };
+  const main = document.querySelector('main') || document.body;
+  const scrolls = Array.from(main.querySelectorAll('*')).filter(el => !el.closest('mjx-container')).filter(el => {
+    const x = getComputedStyle(el).overflowX;
+    return (x === 'auto' || x === 'scroll') && el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0;
+  }).map(el => el.tagName.toLowerCase() + '.' + (el.className.baseVal ?? el.className) + ': '
+                + el.textContent.trim().slice(0, 50));
+  const figures = Array.from(main.querySelectorAll('.cell_output img')).filter(img => !img.closest('.course-explorer'))
+    .map(img => ({src: img.getAttribute('src'), shown: img.getBoundingClientRect().width, pixels: img.naturalWidth}));
+  const explorers = Array.from(main.querySelectorAll('.course-explorer')).map(el => {
+    const data = JSON.parse(el.querySelector('script.course-explorer-data').textContent);
+    return {room: el.querySelector('.course-explorer-figures').clientWidth, widths: data.widths, images: data.images};
+  });
+  const searches = Array.from(document.querySelectorAll('.search-button__button, .bd-search'))
+    .filter(el => !el.parentElement.closest('.search-button__button, .bd-search')).filter(visible).length;
+  const lines = Array.from(main.querySelectorAll('pre')).filter(pre => !pre.closest('.course-explorer'))
+    .map(pre => pre.querySelectorAll(':scope > .course-line').length > 0 || !pre.textContent.trim());
+  const hanging = [];
+  for (const line of Array.from(main.querySelectorAll('pre .course-line')).slice(0, 400)) {
+    const range = document.createRange();
+    range.selectNodeContents(line);
+    const rects = Array.from(range.getClientRects()).filter(r => r.width > 0);
+    const tops = [...new Set(rects.map(r => Math.round(r.top)))];
+    if (tops.length < 2) continue;
+    const box = line.getBoundingClientRect(), pad = parseFloat(getComputedStyle(line).paddingLeft);
+    const starts = tops.slice(1).map(top => Math.min(...rects.filter(r => Math.round(r.top) === top).map(r => r.left)));
+    hanging.push({text: line.textContent.slice(0, 60), indent: parseInt(line.style.getPropertyValue('--indent')),
+                  pad: pad, ch: parseFloat(getComputedStyle(line).fontSize) * 0.6, half: box.width / 2,
+                  continuation: Math.min(...starts) - box.left});
+    if (hanging.length >= 20) break;
+  }
+  return {scrollWidth: document.documentElement.scrollWidth, viewport: window.innerWidth, scrolls, figures,
+          explorers, searches, lines, hanging};
+}"""
+
+
+def png_text_px(png: bytes) -> float:
+    """The smallest text of a course figure, in its own pixels (engine/course/figures: TEXT_PX_KEY)."""
+    from engine.course.figures import smallest_text_px
+    size = smallest_text_px(png)
+    assert size, "a figure without the size of its smallest text (not drawn through engine/course/figures)"
+    return size
+
+
+def shown_text(found: dict, page_dir) -> list[tuple[str, float]]:
+    """(which figure, the px its smallest text shows at) for every figure of a page: a static figure
+    as the browser laid it out, every state of every explorer at the width its box gives it."""
+    import base64
+
+    from engine.course.widgets import png_width
+    shown = []
+    for figure in found["figures"]:
+        png = (page_dir / figure["src"]).read_bytes()
+        shown.append((figure["src"].rsplit("/", 1)[-1][:12], png_text_px(png) * figure["shown"] / figure["pixels"]))
+    for k, explorer in enumerate(found["explorers"]):
+        for i, (image, width) in enumerate(zip(explorer["images"], explorer["widths"])):
+            png = base64.b64decode(image)
+            shown.append((f"explorer {k} picture {i}",
+                          png_text_px(png) * min(width, explorer["room"]) / png_width(png)))
+    return shown
+
+
+def test_every_page_reads_on_a_phone_and_on_a_desktop(browser, book):
+    """At 390 px: no page scrolls sideways (nor any box in it: a table, code; a formula too wide even
+    shrunk scrolls in its own box, as MathJax 3 cannot break one), every
+    figure's smallest text shows at 10 px or more (measured: the text's size in the PNG times the
+    width the browser gives the picture over its pixels; an explorer's every state), wrapped code
+    lines hang four columns right of their indentation (at most half the box), and one search box
+    shows. At 1,280 px the
+    same figures show their text at 11 px or more, and one search box shows."""
+    problems = []
+    for viewport, least in ((PHONE, 10), (VIEWPORT, 11)):
+        context = offline_context(browser, viewport=viewport)
+        try:
+            page = context.new_page()
+            for name in PHONE_PAGES:
+                path = book["learner"] / name
+                page.goto(path.as_uri(), wait_until="load")
+                course_book.wait_for_math(page)
+                found = page.evaluate(PHONE_JS)
+                where = f"{name} at {viewport['width']} px"
+                if viewport is PHONE:
+                    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                    page.screenshot(path=str(ARTIFACTS / f"phone-{path.stem}.png"))
+                    if found["scrollWidth"] > found["viewport"]:
+                        problems.append(f"{where}: the page is {found['scrollWidth']} px wide")
+                    problems += [f"{where}: scrolls sideways: {box}" for box in found["scrolls"][:3]]
+                    problems += [f"{where}: a wrapped line does not hang: {line}" for line in found["hanging"]
+                                 if line["continuation"] < min((line["indent"] + 4) * line["ch"], line["half"]) - 1.5]
+                    if not all(found["lines"]):
+                        problems.append(f"{where}: {found['lines'].count(False)} code boxes without line spans")
+                small = [(which, round(px, 1)) for which, px in shown_text(found, path.parent) if px < least - 0.05]
+                problems += [f"{where}: figure text shows at {px} px (under {least}): {which}"
+                             for which, px in small[:3]]
+                if found["searches"] != 1:
+                    problems.append(f"{where}: {found['searches']} search boxes show")
+            assert not context.refused, f"the pages reached for the network: {context.refused[:5]}"
+        finally:
+            context.close()
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:30])
+
+
+def test_search_summaries_are_plain_text(book, offline):
+    """Served over HTTP (the search page fetches each page it found for its summary), the summaries
+    show formulas as plain text, never their TeX (book/_static/course.js)."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(book["learner"]))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page = offline.new_page()
+        summaries = []
+        for word in ("tile", "position"):
+            page.goto(f"http://127.0.0.1:{server.server_port}/search.html?q={word}", wait_until="load")
+            page.wait_for_selector("#search-results p.context", timeout=30_000)
+            page.wait_for_timeout(500)
+            summaries += page.locator("#search-results p.context").all_text_contents()
+    finally:
+        server.shutdown()
+    assert len(summaries) >= 4, summaries
+    tex = [text[:80] for text in summaries if re.search(r"\\[()\[\]]|\\[a-z]+", text)]
+    assert not tex, f"{len(tex)} of {len(summaries)} search summaries show TeX: {tex[:3]}"
+
+
+def test_the_pdf_contents_give_each_chapters_page(book, book_pdf):
+    """The contents on the PDF's first page end each entry with a page number, and that page holds
+    the chapter's title (pdftotext)."""
+    pdftotext = need_tool("pdftotext", "poppler-utils")
+
+    def page_text(number: int) -> str:
+        text = subprocess.run([pdftotext, "-f", str(number), "-l", str(number), "-layout", str(book_pdf), "-"],
+                              capture_output=True, text=True, check=True).stdout
+        return " ".join(text.split())
+
+    contents = subprocess.run([pdftotext, "-f", "1", "-l", "1", "-layout", str(book_pdf), "-"],
+                              capture_output=True, text=True, check=True).stdout.splitlines()
+    for chapter in CHAPTERS:
+        title = executed_notebook(book, chapter).cells[0].source.splitlines()[0].lstrip("# ").strip()
+        start = " ".join(title.split()[:4])
+        line = next((line for line in contents if start in " ".join(line.split())), "")
+        found = re.search(r"\s(\d+)\s*$", line)
+        assert found, f"the contents page gives no page for {title!r}: {line!r}"
+        assert start in page_text(int(found.group(1))), \
+            f"{title!r}: the contents say page {found.group(1)}, which does not hold the title"

@@ -101,14 +101,52 @@ def test_states_without_a_picture_are_named_unless_the_explorer_draws_none():
     assert widgets.states_without_picture(text_only) == []
 
 
-def test_small_text_lists_what_shows_under_11_px_at_the_books_width():
+def test_small_text_lists_what_shows_too_small_on_a_desktop_and_on_a_phone():
     from engine.course import figures
 
     fig, ax = plt.subplots(figsize=(4, 2))
     ax.set_title("readable", fontsize=12)
     ax.text(0.5, 0.5, "tiny", fontsize=7)
     ax.axis("off")
-    assert [line.split(" pt")[0] for line in figures.small_text(fig)] == ["'tiny' 7"]
+    assert [line.split(" pt")[0] for line in figures.small_text(fig)] == ["'tiny' 7", "'tiny' 7"]
+    wide, axes = plt.subplots(figsize=(7, 2))  # ~500 px: whole on a desktop, 340/500 of it on a phone
+    axes.set_title("readable", fontsize=12)
+    assert [line.split(" px ")[1] for line in figures.small_text(wide) if line.startswith("'readable'")] == \
+        ["on a phone (under 10)"]
+    plt.close(wide)
     fig.set_size_inches(20, 2)  # 1,440 px wide: scaled to the book's 670 px, 12 pt shows at ~5.6 px
-    assert any(line.startswith("'readable' 12 pt shows at") for line in figures.small_text(fig))
+    assert any(line.startswith("'readable' 12 pt shows at") and "desktop" in line for line in figures.small_text(fig))
     plt.close(fig)
+
+
+def test_a_course_png_carries_its_smallest_text():
+    from engine.course import figures
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.set_title("eleven", fontsize=11)
+    ax.axis("off")
+    buffer = __import__("io").BytesIO()
+    fig.savefig(buffer, format="png", dpi=144, metadata=figures.png_metadata(fig, 144))
+    plt.close(fig)
+    assert figures.smallest_text_px(buffer.getvalue()) == 22.0   # 11 pt at 144 dpi
+    assert figures.smallest_text_px(b"\x89PNG\r\n\x1a\n") is None
+
+
+def test_the_prefix_tree_explorer_shows_every_state_it_names():
+    """Chapter 5's walk: a step that leaves the cache empty (the start, the last eviction) says so in
+    its picture, and every step prints the free blocks it has (the picture matches the state)."""
+    from engine.course.figures import ch05
+
+    walk = ch05.prefix_tree_walk()
+    for step in (0, len(walk) - 1):
+        assert not walk[step].nodes
+        text, pngs = widgets.render(lambda: ch05.draw_prefix_tree(walk[step], step), {})
+        assert len(pngs) == 1 and f"free blocks: {walk[step].free_blocks}" in text
+    last = walk[-1]
+    assert last.free_blocks == 14 and "(sys-1, sys-2)" in last.event, last.event
+    with widgets._no_show(plt):
+        ch05.draw_prefix_tree(last, len(walk) - 1)
+    figure = plt.gcf()
+    said = [t.get_text() for t in figure.findobj(plt.Text)]
+    plt.close(figure)
+    assert any("no cached blocks" in t and "all 14 blocks" in t for t in said), said
