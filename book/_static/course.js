@@ -57,6 +57,14 @@
       formula.classList.remove("course-wide-math");
       if (room && formula.getBoundingClientRect().width > room.clientWidth) formula.classList.add("course-wide-math");
     });
+    /* A displayed formula a little too wide is set smaller to fit (down to 70%); wider ones scroll. */
+    document.querySelectorAll("mjx-container[display='true']").forEach(function (formula) {
+      formula.style.fontSize = "";
+      var math = formula.querySelector("mjx-math");
+      if (!math) return;
+      var scale = formula.clientWidth / math.getBoundingClientRect().width;
+      if (scale < 1) formula.style.fontSize = Math.max(scale * 0.98, 0.7) * 100 + "%";
+    });
   }
 
   function whenTypeset() {
