@@ -133,13 +133,18 @@ def check_reserve(cls, block_size: int = 4, seed: int = 0) -> None:
             hint = "a failed reserve must change nothing: not the table, the length or any refcount"
         fail(f"after reserve(0, {ask}) raised OutOfBlocks: (tables, lengths, refcounts, num_free)",
              before, after, hint)
-    small.reserve(0, 3 * bs - 1)                   # 2 blocks: fits exactly
+    try:
+        small.reserve(0, 3 * bs - 1)               # 2 blocks: fits exactly
+    except OutOfBlocks as exc:
+        fail(f"reserve(0, {3 * bs - 1}) on a sequence of {2 * bs + 1} tokens needs 2 more blocks and "
+             f"{before[3]} are free: it raised OutOfBlocks ({exc})", hint="a reserve that needs exactly the "
+             "free blocks fits: raise only when wanted > free, not when wanted >= free")
     expect_equal(small.allocator.num_free, 0, f"then reserve(0, {3 * bs - 1}), which fits: num_free",
                  "after a failed reserve the same pool must still serve one that fits")
     _check_reserve_counts_the_copy(cls, bs, seed)
     passed(f"reserve: {checked} cases at block boundaries (bs {bs}) take exactly ceil(length / bs) blocks "
-           f"in all; a reserve that cannot fit raises OutOfBlocks and changes nothing, the copy of a shared "
-           f"last block counted")
+           f"in all; a reserve that cannot fit raises OutOfBlocks and changes nothing, one that needs exactly the "
+           f"free blocks succeeds, the copy of a shared last block counted")
 
 
 def _shared_partial(cls, bs: int, seed: int, num_blocks: int):

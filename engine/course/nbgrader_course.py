@@ -33,7 +33,7 @@ c.Execute.timeout = {timeout}
 # The course's kernel: the venv's python3 (nbgrader runs with the venv's bin first on PATH).
 c.Execute.kernel_name = "python3"
 c.Execute.extra_arguments = ["--HistoryManager.hist_file=:memory:"]
-# Autograde runs each submission in the course's sealed worker (engine/course/seal.py), sandboxed with
+# Autograde runs each submission in the course's sealed worker (engine/course/sealed/host.py), sandboxed with
 # bubblewrap (engine/course/sandbox.py), instead of nbgrader's Execute: learner code cannot forge a score.
 c.Autograde.autograde_preprocessors = {preprocessors!r}
 c.SealedExecute.solutions = {solutions!r}
