@@ -61,7 +61,7 @@ def test_an_endless_loop_is_interrupted_and_grading_goes_on(tmp_path, solution):
     result = grade_notebook(write_notebook(looping, tmp_path, NAME), FIXTURE_CHAPTER, TIMEOUT_S)
     by_id = {e.grade_id: e for e in result.exercises}
     assert by_id["test_triple"].earned == 0
-    assert by_id["test_triple"].message.startswith(f"CellTimeoutError: the cell ran longer than {TIMEOUT_S} s")
+    assert by_id["test_triple"].message.startswith("TimeoutError: the cell used more than its")
     assert {e.grade_id: e.earned for e in result.exercises if e.kind == "test"} == losing("test_triple")
 
 
@@ -76,10 +76,11 @@ def test_a_loop_that_ignores_interrupts_gets_a_fresh_kernel_and_later_cells_thei
 
 @pytest.mark.slow
 def test_a_dead_kernel_is_restarted_and_only_that_exercise_is_lost(tmp_path, solution):
-    # os._exit inside increment: the kernel dies in test_increment; reset, triple and square still pass.
+    # os._exit inside increment: the judge refuses the cell (it reaches for the process), so the counter
+    # exercise (increment and reset) earns nothing; triple and square, in later cells, still pass.
     dying = with_cell_edited(solution, "counter", lambda s: s.replace("self.value += by", "import os; os._exit(1)")
                              .replace("Counter().increment(5)", ""))
-    assert earned(tmp_path, dying) == losing("test_increment")
+    assert earned(tmp_path, dying) == losing("test_increment", "test_reset")
 
 
 @pytest.mark.slow
@@ -229,7 +230,8 @@ def test_a_notebook_with_every_cell_deleted_says_what_is_missing(tmp_path, solut
     [change] = result.changes
     assert change.startswith("the notebook's cells were changed:")
     assert "solution cell(s) counter, triple, square are missing" in change
-    assert "NameError" in next(e.message for e in result.exercises if e.grade_id == "test_square")
+    assert "square is not defined in any of your cells" in next(
+        e.message for e in result.exercises if e.grade_id == "test_square")
     table = format_table([result], [])
     assert "the notebook's cells were changed" in table
 
