@@ -49,7 +49,7 @@ def test_roster_gives_students_chapters_and_due_dates(tmp_path):
 
 
 @pytest.mark.parametrize("line, words", [
-    ("ch98 = 1 February", "[chapters] ch98 = 1 February: expected a UTC due date YYYY-MM-DD HH:MM"),
+    ("ch98 = 1 February", "[chapters] ch98 = 1 February: expected a UTC due date YYYY-MM-DD HH:MM (or HH:MM:SS)"),
     ("chapter2 = 2027-02-01 23:59", "[chapters] chapter2: a chapter is named chNN (e.g. ch02)"),
 ])
 def test_roster_refuses_a_bad_line_naming_it(tmp_path, line, words):
@@ -143,7 +143,7 @@ def test_a_class_from_roster_to_reports_through_the_exchange():
     submit("cy", "other chapter")
     # the due date moves to now (the instructor edits the roster and prepares again): bob is late
     due = datetime.now(timezone.utc) - timedelta(seconds=1)
-    roster_file.write_text(ROSTER.format(due=due.strftime("%Y-%m-%d %H:%M")))
+    roster_file.write_text(ROSTER.format(due=due.strftime("%Y-%m-%d %H:%M:%S")))   # to the second: ada was on time
     class_folder.prepare(course, roster_file, SEALED_CHAPTER.parent, str(exchange))
     submit("bob", "solution")
 

@@ -81,6 +81,16 @@ def _person(ident: str, text: str) -> Person:
     return Person(ident, first or last, last if first else "", email)
 
 
+def _due_date(text: str):
+    """A roster's due date, to the minute or to the second; None if it is neither."""
+    for form in ("%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"):
+        try:
+            return datetime.strptime(text, form)
+        except ValueError:
+            pass
+    return None
+
+
 def read_roster(path: Path) -> ClassRoster:
     """Parse a roster file; a bad line is a SystemExit naming the file, the section and the value."""
     parser = configparser.ConfigParser(inline_comment_prefixes=(";", "#"), interpolation=None)
@@ -96,11 +106,10 @@ def read_roster(path: Path) -> ClassRoster:
     for ident, text in parser["chapters"].items():
         if not re.fullmatch(r"ch\d\d", ident):
             raise SystemExit(f"roster {path}: [chapters] {ident}: a chapter is named chNN (e.g. ch02)")
-        try:
-            due = datetime.strptime(text.strip(), "%Y-%m-%d %H:%M")
-        except ValueError:
+        due = _due_date(text.strip())
+        if due is None:
             raise SystemExit(f"roster {path}: [chapters] {ident} = {text}: expected a UTC due date "
-                             "YYYY-MM-DD HH:MM") from None
+                             "YYYY-MM-DD HH:MM (or HH:MM:SS)")
         roster.due[ident] = due.replace(tzinfo=timezone.utc)
     for section, people in (("students", roster.students), ("instructors", roster.instructors)):
         for ident, text in (parser[section].items() if parser.has_section(section) else []):
