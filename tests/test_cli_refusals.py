@@ -286,7 +286,8 @@ def test_grade_refuses_to_grade_nothing(tmp, args, words):
 def test_grade_with_some_chapters_missing_still_grades_the_others(tmp_path, monkeypatch):
     (tmp_path / "ch99_fixture.ipynb").write_text("{}")
     seen = []
-    monkeypatch.setattr(grade, "grade_directory", lambda *args, **kwargs: seen.append(args) or ([], ["no notebook for x"]))
+    monkeypatch.setattr(grade, "grade_directory",
+                        lambda *args, **kwargs: seen.append(args) or ([], ["no notebook for x"]))
     assert grade.main([str(tmp_path), "--solutions", str(FIXTURE_SOLUTIONS)]) == 0 and seen
 
 
