@@ -9,8 +9,6 @@ reports.
 """
 import csv
 import shutil
-import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 
 import nbformat
@@ -18,8 +16,8 @@ import pytest
 
 from engine.course import cells, class_folder, reports
 from engine.course.class_folder import LatePenalty, read_roster
-from engine.course.paths import offline_cpu_environ
-from fixtures.course_support import BUILD, FIXTURE_CHAPTER, REPO, SEALED_CHAPTER, expanded, sandbox_or_skip, stubbed
+from fixtures.course_support import (BUILD, FIXTURE_CHAPTER, REPO, SEALED_CHAPTER, expanded, nbgrader, sandbox_or_skip,
+                                     stubbed)
 
 ROSTER = """\
 [course]
@@ -88,13 +86,6 @@ def test_a_notebook_of_another_chapter_is_named():
 
 # ---- the class through nbgrader's exchange --------------------------------------------------------
 
-def nbgrader(cwd, *args, user="grace", home=None):
-    env = offline_cpu_environ({"USER": user, "HOME": str(home or cwd)})
-    result = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env, capture_output=True,
-                            text=True)
-    log = result.stdout + result.stderr
-    assert result.returncode == 0 and "[ERROR]" not in log, f"nbgrader {' '.join(args)}:\n{log}"
-    return log
 
 
 @pytest.mark.slow
@@ -115,7 +106,7 @@ def test_a_class_from_roster_to_reports_through_the_exchange():
         assert sorted(s.id for s in gradebook.students) == ["ada", "bob", "cy", "dan", "eve"]
         assert gradebook.find_student("ada").email == "ada@example.edu"
         assert gradebook.find_assignment("ch98").duedate == datetime(2099, 1, 1)
-    nbgrader(course, "release_assignment", "ch98", "--force")
+    nbgrader(course, "release_assignment", "ch98", "--force", user="grace")
 
     solution = {cells.grade_id(c): c.source for c in expanded(SEALED_CHAPTER).cells if cells.is_solution(c)}
     other_chapter = stubbed(expanded(FIXTURE_CHAPTER))

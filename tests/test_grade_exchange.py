@@ -8,29 +8,19 @@ the students fetch it; the instructor exports grades.csv.
 import csv
 import os
 import shutil
-import subprocess
-import sys
 
 import nbformat
 import pytest
 
 from engine.course import cells
 from engine.course.nbgrader_course import stage_sources, write_config
-from engine.course.paths import offline_cpu_environ
-from fixtures.course_support import BUILD, SEALED_CHAPTER, expanded, sandbox_or_skip
+from fixtures.course_support import BUILD, nbgrader, SEALED_CHAPTER, expanded, sandbox_or_skip
 from fixtures.sealed_cases import NOOP_CHECKS
 
 pytestmark = [pytest.mark.slow]
 ASSIGNMENT = "ch98"
 
 
-def nbgrader(cwd, *args, user=None, home=None):
-    env = offline_cpu_environ({"USER": user or "instructor", "HOME": str(home or cwd)})
-    result = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env,
-                            capture_output=True, text=True)
-    log = result.stdout + result.stderr
-    assert result.returncode == 0 and "[ERROR]" not in log, f"nbgrader {' '.join(args)}:\n{log}"
-    return log
 
 
 def test_release_fetch_submit_collect_autograde_feedback_export():
