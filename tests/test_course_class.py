@@ -8,7 +8,6 @@ name, eve leaves it untouched and dan hands in nothing; `grade` collects, grades
 reports.
 """
 import csv
-import shutil
 from datetime import datetime, timedelta, timezone
 
 import nbformat
@@ -16,8 +15,8 @@ import pytest
 
 from engine.course import cells, class_folder, reports
 from engine.course.class_folder import LatePenalty, read_roster
-from fixtures.course_support import (BUILD, FIXTURE_CHAPTER, REPO, SEALED_CHAPTER, expanded, nbgrader, sandbox_or_skip,
-                                     stubbed)
+from fixtures.course_support import (FIXTURE_CHAPTER, REPO, SEALED_CHAPTER, exchange_folders, expanded, nbgrader,
+                                     sandbox_or_skip, stubbed)
 
 ROSTER = """\
 [course]
@@ -87,16 +86,12 @@ def test_a_notebook_of_another_chapter_is_named():
 # ---- the class through nbgrader's exchange --------------------------------------------------------
 
 
-
 @pytest.mark.slow
 def test_a_class_from_roster_to_reports_through_the_exchange():
     from nbgrader.api import Gradebook
     sandbox_or_skip()
-    root = BUILD / "class"
-    shutil.rmtree(root, ignore_errors=True)
-    exchange, course, homes = root / "exchange", root / "course", root / "home"
-    exchange.mkdir(parents=True)
-    roster_file = root / "roster.ini"
+    exchange, course, homes = exchange_folders("class")
+    roster_file = course.parent / "roster.ini"
     roster_file.write_text(ROSTER.format(due="2099-01-01 00:00"))
 
     # prepared with no submission: the course folder, the chapter released, the gradebook from the roster

@@ -7,28 +7,22 @@ the students fetch it; the instructor exports grades.csv.
 """
 import csv
 import os
-import shutil
 
 import nbformat
 import pytest
 
 from engine.course import cells
 from engine.course.nbgrader_course import stage_sources, write_config
-from fixtures.course_support import BUILD, nbgrader, SEALED_CHAPTER, expanded, sandbox_or_skip
+from fixtures.course_support import exchange_folders, nbgrader, SEALED_CHAPTER, expanded, sandbox_or_skip
 from fixtures.sealed_cases import NOOP_CHECKS
 
 pytestmark = [pytest.mark.slow]
 ASSIGNMENT = "ch98"
 
 
-
-
 def test_release_fetch_submit_collect_autograde_feedback_export():
     sandbox_or_skip()
-    root = BUILD / "exchange"
-    shutil.rmtree(root, ignore_errors=True)
-    exchange, course, homes = root / "exchange", root / "course", root / "home"
-    exchange.mkdir(parents=True)
+    exchange, course, homes = exchange_folders("exchange")
     settings = f"c.Exchange.root = {str(exchange)!r}\n"
     write_config(course, timeout=60, solutions=SEALED_CHAPTER.parent, sandbox="required",
                  hide=[exchange, homes], extra=settings)
@@ -66,4 +60,4 @@ def test_release_fetch_submit_collect_autograde_feedback_export():
     scores = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader((course / "grades.csv").open())}
     assert scores == {"ada": 5.0, "bob": 0.0}
     assert (course / "sandbox" / "work" / "ada" / ASSIGNMENT).is_dir()  # graded in its own sandbox folder
-    assert not os.path.exists(root / "home" / "ada" / "pwned")
+    assert not os.path.exists(homes / "ada" / "pwned")
