@@ -31,11 +31,13 @@ help:
 setup: $(STAMP)
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
+	@mkdir -p build && date +%s > build/.setup-started
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt -c constraints.txt
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (paged-kv-course)" >/dev/null
 	touch $(STAMP)
+	@echo "make setup: done in $$(( $$(date +%s) - $$(cat build/.setup-started) )) s"
 
 # Browser tests need Chromium (engine/course/book.py finds it); without it they skip, and say so here.
 CHROMIUM_CHECK = $(PY) -c "from engine.course.book import chromium_executable as c, CHROMIUM_HINT as h; \
