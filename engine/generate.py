@@ -43,6 +43,11 @@ def scratch_logits(model, sequences: Sequence[Sequence[int]]) -> list[torch.Tens
     return [logits[b, :len(seq)] for b, seq in enumerate(sequences)]
 
 
+def max_abs_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest absolute difference between matching logits tensors (a cached run against scratch_logits)."""
+    return max(float((g - w).abs().max()) for g, w in zip(got, want))
+
+
 def cached_step(model, cache, seqs: Sequence[int], new_tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """One forward through `cache`: append new_tokens[b] to sequence seqs[b]; logits [n_b, vocab] each.
 

@@ -471,7 +471,7 @@ def check_static_cache_in_engine(cls, bs: int = 4, decode_steps: int = 20, seed:
 # --------------------------------------------------------------------------------------------------
 
 def _util_cases() -> list[tuple[list[int], int]]:
-    from engine.demos.paged import request_lengths
+    from engine.seeded import request_lengths
     return [([20, 500, 137], 1024), ([1024], 1024), ([1, 1023], 1024), ([100] * 32, 512),
             ([3, 9, 4, 7, 5], 16), (request_lengths(32, 20, 500, seed=0), 1024)]
 

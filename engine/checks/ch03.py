@@ -718,7 +718,7 @@ def check_cache_matches_scratch(cls, block_size: int = 4, seed: int = 0, steps: 
 def utilization(cls, lengths: list[int], block_size: int) -> dict:
     """Store requests of `lengths` tokens in a cache of `cls` just big enough for them (a one-layer,
     one-head shape: only the bookkeeping matters); its tokens, slots reserved and utilization."""
-    from engine.demos.paged import data_only_config, store
+    from engine.cache.fill import data_only_config, store
     num_blocks = sum(_ceil(n, block_size) for n in lengths)
     cache = cls(data_only_config(), num_blocks, block_size=block_size, attention="reference")
     store(cache, lengths)

@@ -21,11 +21,11 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
 from engine.checks import (ATOL, CheckFailed, Proved, check, compare_logits, expect_equal, expect_raises, fail,
                            passed, review_choice, review_number, served, tiny, where_it_lives)
-from engine.demos.prefix import run as run_prefix_demo
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
 from engine.serve.engine import Engine
+from engine.serve.shared_prompt import run as run_prefix_demo
 
 BS = 4      # the checks' block size: small, so every case is a few blocks of a tiny model
 

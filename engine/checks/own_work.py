@@ -13,29 +13,31 @@ import ast
 import functools
 import importlib
 import inspect
+import json
 import linecache
 import os
 import sys
 import textwrap
 import types
-
+from pathlib import Path
 
 CHECKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+ROOT = Path(__file__).resolve().parents[2]
+# {chapter id: [[engine file, qualname], ...]}: what each chapter teaches, written by `make release`
+# (engine/course/release.py) so that the checks read it without importing the course
+TAUGHT_FILE = ROOT / "notebooks" / ".taught.json"
 
 
 @functools.cache
 def taught_code(chapter: str) -> frozenset:
     """The code objects of the engine functions and methods chapter `chapter` (e.g. "ch03") teaches:
-    read from its solution's include directives; empty where there is no solutions/ (a student
-    edition, whose engine has no reference to hand back)."""
-    from engine.course import edition, paths
-    try:
-        folder = paths.repo_root() / "solutions"
-    except FileNotFoundError:
+    read from the list `make release` writes beside the notebooks (TAUGHT_FILE, from the solutions'
+    include directives); empty where there is no solutions/ (a student edition, whose engine has no
+    reference to hand back) or no list."""
+    if not (ROOT / "solutions").is_dir() or not TAUGHT_FILE.is_file():
         return frozenset()
-    files = [p for p in paths.chapter_files(folder) if p.suffix == ".py" and p.stem.startswith(chapter + "_")]
     codes = set()
-    for engine_file, qualname in edition.taught(files[0]) if files else []:
+    for engine_file, qualname in json.loads(TAUGHT_FILE.read_text()).get(chapter, []):
         value = importlib.import_module(engine_file.removesuffix(".py").replace("/", "."))
         for part in qualname.split("."):
             value = getattr(value, part, None)

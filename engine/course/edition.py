@@ -31,10 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import jupytext
-
-from . import cells
-from .include import parse_directive
+from .include import taught
 from .paths import CHAPTER_PATTERN, assignment_id, chapter_files, chapter_name, repo_root
 from .release import release
 from .sealed.host import TRUSTED_PREFIX
@@ -208,23 +205,6 @@ def unlock_refusal(chapters: list[str], unlock: list[str]) -> str:
                     "chapter once its deadline has passed and hand out the next, e.g. CHAPTERS=ch02,ch03 "
                     "UNLOCK=ch02; or leave it out of --unlock)")
     return ""
-
-
-def taught(chapter_path: Path) -> list[tuple[str, str]]:
-    """(engine file, qualname) of every function or method a chapter's include directives mark as taught."""
-    found = []
-    for cell in jupytext.read(chapter_path, fmt="py:percent").cells:
-        if not (cells.is_solution(cell) and cell.cell_type == "code"):
-            continue
-        include = parse_directive(cell.source.split("\n", 1)[0]) if cell.source.lstrip().startswith("#|") else None
-        if include is None:
-            continue
-        methods = include.solve or include.methods
-        if methods:
-            found += [(include.path, f"{include.name}.{method}") for method in methods]
-        else:
-            found.append((include.path, include.name))
-    return found
 
 
 def _forward(arguments: ast.arguments) -> str:

@@ -31,6 +31,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import jupytext
+
+from . import cells
+
 DIRECTIVE = re.compile(r"^#\|\s*include\s+(?P<path>[^\s:]+)::(?P<name>[A-Za-z_]\w*)"
                        r"(?:\.(?P<methods>[A-Za-z_]\w*(?:,[A-Za-z_]\w*)*))?(?:\s+solve=(?P<solve>\S+))?\s*$")
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -62,6 +66,23 @@ def parse_directive(line: str) -> Include | None:
     names = tuple(name for name in solve.split(",") if name) if solve else None
     methods = tuple(match["methods"].split(",")) if match["methods"] else None
     return Include(match["path"], match["name"], names, methods)
+
+
+def taught(chapter_path: Path) -> list[tuple[str, str]]:
+    """(engine file, qualname) of every function or method a chapter's include directives mark as taught."""
+    found = []
+    for cell in jupytext.read(chapter_path, fmt="py:percent").cells:
+        if not (cells.is_solution(cell) and cell.cell_type == "code"):
+            continue
+        include = parse_directive(cell.source.split("\n", 1)[0]) if cell.source.lstrip().startswith("#|") else None
+        if include is None:
+            continue
+        methods = include.solve or include.methods
+        if methods:
+            found += [(include.path, f"{include.name}.{method}") for method in methods]
+        else:
+            found.append((include.path, include.name))
+    return found
 
 
 def expand_cell(source: str, root: Path) -> str:

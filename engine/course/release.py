@@ -10,6 +10,7 @@ changes nothing in grading: a test cell still earns its points only when it runs
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import nbformat
 
 from . import cells
+from .include import taught
 from .nbgrader_course import run_nbgrader, stage_sources, write_config
 from .paths import assignment_id, chapter_files, chapter_name, chapter_source_refusal, repo_root
 from .write_guard import SOURCES
@@ -33,6 +35,7 @@ with `make grade` (or `make grade DIR=path/to/your/copies`).
 """
 
 
+TAUGHT_FILE = ".taught.json"    # beside the notebooks: what each chapter teaches (engine/checks/own_work.py reads it)
 SCRATCH_MARK = "written by engine/course/nbgrader_course.py"   # first line of a scratch course's config
 
 
@@ -93,10 +96,21 @@ def release(chapters: list[Path], out_dir: Path, work_dir: Path, prune: bool | N
     if prune:
         for stale in set(out_dir.glob("ch*.ipynb")) - set(written):
             stale.unlink()  # a chapter removed from solutions/ leaves no learner notebook behind
+    write_taught(out_dir / TAUGHT_FILE, chapters, prune)
     listed = sorted(set(written) | set(out_dir.glob("ch*.ipynb")), key=lambda path: path.name)
     listing = "\n".join(f"- `{path.name}`" for path in listed)
     (out_dir / "README.md").write_text(README.format(chapters=listing))
     return written
+
+
+def write_taught(path: Path, chapters: list[Path], prune: bool) -> None:
+    """{chapter id: [[engine file, qualname], ...]} of what each chapter's include directives mark as taught,
+    as JSON: the checks read it from there (they import nothing of the course). Chapters released before
+    stay listed unless `prune`."""
+    known = json.loads(path.read_text()) if path.is_file() and not prune else {}
+    known.update({assignment_id(chapter): [list(pair) for pair in taught(chapter)] for chapter in chapters})
+    path.write_text("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(known.items()))
+                    + "\n}\n")
 
 
 def tag_cells_that_raise(notebook) -> None:

@@ -19,11 +19,6 @@ def emit(result: dict) -> dict:
     return result
 
 
-def max_abs_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
-    """The largest absolute difference between matching logits tensors."""
-    return max(float((g - w).abs().max()) for g, w in zip(got, want))
-
-
 def check_tiny_run(options: str, rows: int, length: int, cache_tokens: int) -> None:
     """Refuse, before the tiny model is built, a demo whose sequences pass its trained context or whose
     from-scratch reference (`rows` sequences of `length` tokens) and cache would fill half the memory.

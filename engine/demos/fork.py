@@ -11,9 +11,9 @@ import argparse
 from engine.cache.paged import PagedKVCache
 from engine.cache.slots import blocks_needed
 from engine.checkpoint import tiny_model
-from engine.demos import check_tiny_run, emit, max_abs_diff
+from engine.demos import check_tiny_run, emit
 from engine.seeded import seeded_tokens
-from engine.generate import cached_step, scratch_logits
+from engine.generate import cached_step, max_abs_diff, scratch_logits
 
 
 def run(prompt_tokens: int = 40, forks: int = 4, block_size: int = 16, seed: int = 0) -> dict:

@@ -7,43 +7,18 @@ PagedKVCache (blocks of `--block-size`); both caches count what they store and w
 from __future__ import annotations
 
 import argparse
-import random
 
 import torch
 
+from engine.cache.fill import data_only_config, store
 from engine.cache.paged import PagedKVCache
 from engine.cache.slots import blocks_needed
 from engine.cache.static import StaticKVCache
-from engine.checkpoint import tiny_config
 from engine.demos import emit
 from engine.errors import InputError
-from engine.generate import pack
+from engine.seeded import request_lengths
 
 SWEEP_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-
-
-def request_lengths(count: int, low: int, high: int, seed: int) -> list[int]:
-    """Token counts of `count` live requests, uniform in [low, high], from a fixed seed."""
-    rng = random.Random(seed)
-    return [rng.randint(low, high) for _ in range(count)]
-
-
-def data_only_config():
-    """A one-layer, one-head shape: enough to exercise the caches' bookkeeping, tiny in memory."""
-    return tiny_config(num_layers=1, num_heads=1, num_kv_heads=1, head_dim=2)
-
-
-def store(cache, lengths: list[int]) -> None:
-    """Write lengths[i] tokens of zeros for sequence i through the cache protocol, like a prefill."""
-    config = data_only_config()
-    seqs = list(range(len(lengths)))
-    for seq, n in zip(seqs, lengths):
-        cache.create(seq)
-        cache.reserve(seq, n)
-    cache.set_batch(seqs)
-    _, positions = pack([[0] * n for n in lengths], [0] * len(lengths))
-    kv = torch.zeros(len(lengths), config.num_kv_heads, positions.shape[1], config.head_dim)
-    cache.update(0, kv, kv, positions)
 
 
 def paged_figures(lengths: list[int], block_size: int) -> dict:

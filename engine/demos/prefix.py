@@ -1,5 +1,7 @@
 """`python -m engine prefix`: requests that share a system prompt prefill it once and store it once.
 
+The run is engine/serve/shared_prompt.py's; this command checks its options and prints it.
+
 Eight requests start with the same 96-token system prompt (6 full blocks of 16) and add 8 tokens of
 their own. The first request prefills all 104 tokens and publishes its 6 full blocks; each later one
 attaches to them and prefills only its own 8 tokens, into one block of its own.
@@ -8,39 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from engine.cache.paged import PagedKVCache
-from engine.cache.prefix import PrefixCache
 from engine.cache.slots import blocks_needed
-from engine.checkpoint import tiny_model
-from engine.demos import check_tiny_run, emit, max_abs_diff
-from engine.seeded import seeded_tokens
-from engine.generate import cached_step, scratch_logits
-
-
-def run(requests: int = 8, system_tokens: int = 96, own_tokens: int = 8, block_size: int = 16,
-        seed: int = 0, prefix_class=PrefixCache) -> dict:
-    """Serve the requests one after another through a PrefixCache (or `prefix_class`, chapter 5's
-    checks pass the learner's) over a PagedKVCache and the tiny model."""
-    model = tiny_model(seed=seed)
-    system = seeded_tokens(system_tokens, seed)
-    prompts = [system + seeded_tokens(own_tokens, seed + 1 + i) for i in range(requests)]
-    num_blocks = sum(blocks_needed(len(p), block_size) for p in prompts)     # enough even without sharing
-    cache = PagedKVCache(model.config, num_blocks, block_size=block_size)
-    prefix = prefix_class(cache)
-
-    prefilled, last_logits = 0, []
-    for seq, prompt in enumerate(prompts):
-        reused = prefix.attach(seq, prompt)
-        logits = cached_step(model, cache, [seq], [prompt[reused:]])[0]
-        prefix.remember(seq, prompt)
-        prefilled += len(prompt) - reused
-        last_logits.append(logits[-1:])
-    cold = [rows[-1:] for rows in scratch_logits(model, prompts)]   # every prompt computed from nothing
-    return {"requests": requests, "prompt_tokens": sum(map(len, prompts)), "tokens_prefilled": prefilled,
-            "blocks_in_use": cache.blocks_in_use,
-            "blocks_without_sharing": sum(blocks_needed(len(p), block_size) for p in prompts),
-            "prefix_cache": prefix.stats(),
-            "max_abs_diff_vs_cold_prefill": max_abs_diff(last_logits, cold)}
+from engine.demos import check_tiny_run, emit
+from engine.serve.shared_prompt import run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
