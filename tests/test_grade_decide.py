@@ -23,8 +23,8 @@ NAMES = {"ch02_physical_slot": "physical_slot", "ch02_allocator": "BlockAllocato
 
 def notebook(cells: dict) -> decide.Notebook:
     """The judge's record of a notebook: the chapter's setup, then the learner cells `cells`."""
-    engine_names, check_names = decide.chapter_names(SETUP)
-    book = decide.Notebook(GRADED, set(PLAN.graded_by_cell()), engine_names, check_names)
+    book = decide.Notebook(GRADED, set(PLAN.graded_by_cell()), set(), set())
+    book.chapter_cell(SETUP)
     for name, source in cells.items():
         book.add(name, source)
     return book

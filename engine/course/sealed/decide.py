@@ -94,6 +94,16 @@ class Notebook:
         self.engine_names = set(engine_names)   # names the chapter's cells bind to engine modules
         self.check_names = set(check_names)     # ... and to the checks (engine.checks)
         self.cells: list[tuple[str, str, ast.Module | None]] = []
+        self.imported = {"engine"} | self.engine_names | self.check_names   # names bound to what a cell imported
+        self.writes: dict[str, list[str]] = {}     # learner cell -> what it writes into what was imported
+
+    def chapter_cell(self, source: str) -> None:
+        """A chapter cell: the names it binds to the engine, the checks, and any import."""
+        engine_names, check_names = chapter_names(source)
+        self.engine_names |= engine_names
+        self.check_names |= check_names
+        tree = parse(source)
+        self.imported |= engine_names | check_names | (_imported(tree) if tree is not None else set())
 
     def add(self, name: str, source: str) -> None:
         tree = parse(source)
@@ -103,6 +113,54 @@ class Notebook:
                 for alias in node.names:
                     if alias.name.split(".")[0] == "engine":
                         self.engine_names.add((alias.asname or alias.name).split(".")[0])
+        if tree is not None:
+            self.writes[name] = self._writes_into_imports(tree)
+
+    def _writes_into_imports(self, tree: ast.Module) -> list[str]:
+        """What a learner cell changes in a module or in what it imported (`torch.equal = ...`,
+        `Base.method = ...`, `del ch03.fail`, `engine.checks...`, a dunder of anything), through an
+        alias too (`c = ch03; c.fail = ...`): the host runs the checks' helpers
+        (engine.checks.where_it_lives) on its own copy of the engine and its libraries, which such a
+        write would change. Updates the names bound to imports as it reads the cell."""
+        found = []
+        self.imported |= _imported(tree)
+        for node in ast.walk(tree):                   # aliases first: `c = ch03`, `for m in (torch,)`
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) else (
+                node.iter if isinstance(node, (ast.For, ast.comprehension)) else None)
+            if value is not None and self._reaches_import(value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                self.imported |= {n.id for t in targets for n in _plain_names(t)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("checks", "course") \
+                    and _root(node.value) in self.engine_names | {"engine"}:
+                found.append(f"reaches engine.{node.attr}")
+            if isinstance(node, ast.Call) and any(isinstance(a, ast.Name) and a.id in self.check_names | {"engine"}
+                                                  for a in node.args + [k.value for k in node.keywords]):
+                found.append("hands the checks' module to other code")
+            if not (isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del))):
+                continue
+            root = _root(node.value)
+            shown = ast.unparse(node)[:40]
+            if isinstance(node, ast.Attribute) and (root is None or root in self.imported
+                                                    or (node.attr.startswith("__") and node.attr.endswith("__"))):
+                found.append(f"replaces {shown}")
+            elif isinstance(node, ast.Subscript) and root in self.engine_names | self.check_names | {"engine"}:
+                found.append(f"writes into {shown}")
+        return list(dict.fromkeys(found))
+
+    def _reaches_import(self, value) -> bool:
+        """Whether an expression hands on what was imported itself: a name, an attribute of it, a
+        container or getattr of them (not a call's result, an instance, which is the cell's own)."""
+        if isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
+            return _root(value) in self.imported
+        if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+            return any(self._reaches_import(e) for e in value.elts)
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "getattr":
+            return bool(value.args) and self._reaches_import(value.args[0])
+        if isinstance(value, (ast.IfExp, ast.BoolOp)):
+            parts = [value.body, value.orelse] if isinstance(value, ast.IfExp) else value.values
+            return any(self._reaches_import(e) for e in parts)
+        return False
 
     def _defining_cell(self, name: str):
         for cell_name, _, tree in reversed(self.cells):
@@ -168,7 +226,7 @@ class Notebook:
         reasons = []
         for cell_name, source, tree in self.cells:
             if cell_name not in self.exercise_cells and tree is not None:
-                refused = refusals(source)
+                refused = refusals(source) + self.writes.get(cell_name, [])
                 if refused:
                     reasons.append(f"your cell {cell_name} {', '.join(refused[:3])}: graded notebooks may not")
         own = [why for why in (self.own_work(name) for name in names) if why]
@@ -178,7 +236,7 @@ class Notebook:
         definitions = self._definitions(names)
         graded_cells = [self.graded.get(name, {}).get("cell") for name in names]
         for cell_name in dict.fromkeys([c for c, _ in definitions] + graded_cells):
-            refused = refusals(texts.get(cell_name, ""))
+            refused = refusals(texts.get(cell_name, "")) + self.writes.get(cell_name, [])
             if refused and cell_name in self.exercise_cells:
                 reasons.append(f"your {cell_name} {', '.join(refused[:3])}: graded code may not")
         for cell_name, node in definitions:
@@ -218,6 +276,32 @@ class Notebook:
                         found.append(f"your cell {cell_name} replaces {target.value.id}.{target.attr}: the "
                                      "exercise must be your own code")
         return found
+
+
+def _root(node):
+    """The name an attribute or subscript chain starts from (`a` of `a.b[0].c`), None for another start
+    (a call's result, a literal)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _plain_names(target) -> list:
+    """The names an assignment target binds itself (`a`, `a, *b`), not those it writes into (`a.x`)."""
+    if isinstance(target, ast.Name):
+        return [target]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _plain_names(e)]
+    return _plain_names(target.value) if isinstance(target, ast.Starred) else []
+
+
+def _imported(tree: ast.Module) -> set[str]:
+    """The names a cell's import statements bind."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
+    return names
 
 
 def _binds(node, name: str) -> bool:

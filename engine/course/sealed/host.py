@@ -129,6 +129,44 @@ def _stream_outputs(out: _Capture, err: _Capture) -> list[dict]:
             for name, capture in (("stdout", out), ("stderr", err)) if capture.text()]
 
 
+class EngineHelpers:
+    """The checks' helpers that run where the learner's objects live (engine.checks.where_it_lives), as
+    they were when the host started, before any learner cell ran: what `call_engine` runs, whatever a
+    cell rebinds later. Before each call the globals of the checks' modules are put back as they were
+    then (a name added since is removed, a submodule excepted), so a helper reads its own module's
+    functions (fail, CheckFailed, its private helpers) and the builtins."""
+
+    def __init__(self):
+        self.table: dict = {}
+        self.modules: dict = {}          # module -> its namespace's entries at the start
+        try:
+            import engine.checks
+            marker = engine.checks.where_it_lives(lambda: None).__code__
+        except Exception:  # a host engine without checks: no helper to run
+            return
+        for name, module in list(sys.modules.items()):
+            if module is None or not (name == "engine.checks" or name.startswith("engine.checks.")):
+                continue
+            entries = dict(vars(module))
+            self.modules[module] = entries
+            for value in entries.values():
+                if isinstance(value, types.FunctionType) and value.__code__ is marker and value.__module__ == name:
+                    self.table[(name, value.__qualname__)] = value
+
+    def call(self, module_name: str, qualname: str, args, kwargs):
+        helper = self.table.get((module_name, qualname))
+        if helper is None:
+            raise PermissionError(f"{module_name}.{qualname} is not a helper of the checks the host had at its start")
+        for module, entries in self.modules.items():
+            namespace = vars(module)
+            for key, value in entries.items():
+                if namespace.get(key, entries) is not value:
+                    namespace[key] = value
+            for added in [k for k, v in namespace.items() if k not in entries and not isinstance(v, types.ModuleType)]:
+                del namespace[added]          # a name added later would shadow a builtin the helper reads
+        return helper(*args, **kwargs)
+
+
 def named(module_name: str, qualname: str):
     """The object `qualname` (a function, class or Class.method) of a module, imported if need be."""
     target = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
@@ -278,6 +316,7 @@ class Host:
         sys.modules["__main__"] = main_module
         self.trusted_bindings: dict = {}            # what the chapter's cells bound, put back before a test
         self.pid = os.getpid()
+        self.helpers = EngineHelpers()               # taken now: no learner cell has run yet
 
     def run_cell(self, source: str, kind: str, name: str, cpu: float | None = None) -> dict:
         """A learner's or a chapter's cell, in the notebook's namespace (at most `cpu` seconds of this
@@ -289,9 +328,12 @@ class Host:
         sys.stdout, sys.stderr = out, err
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            code = compile(source, filename, "exec")
+            code = compile(source, filename, "exec")     # parsed before the CPU timer is armed
             cpu_limit(cpu)
-            exec(code, self.namespace)
+            try:
+                exec(code, self.namespace)
+            finally:
+                cpu_limit(None)       # before the error is formatted (3.11's traceback parses source)
         except KeyboardInterrupt as exc:
             status, error = "interrupted", _error_output(exc)
         except BaseException as exc:  # SystemExit included: leaving early is a failed cell
@@ -348,9 +390,7 @@ class Host:
             return self.end_test()
         if op == "call_engine":          # a check's helper that must run where the learner's class is
             module_name, qualname, *rest = args
-            if not (module_name == "engine" or module_name.startswith("engine.")):
-                raise PermissionError(f"{module_name} is not the engine's")
-            return named(module_name, qualname)(*rest, **kwargs)
+            return self.helpers.call(module_name, qualname, rest, kwargs)
         raise ValueError(f"unknown operation {op!r}")
 
 

@@ -160,9 +160,7 @@ def main() -> None:
             notebook.add(name, source)
             built.update((k, kernels.build(k, source)) for k in kernel_names & _names_bound(source))
         elif kind == "trusted":
-            engine_names, check_names = decide.chapter_names(source)
-            notebook.engine_names |= engine_names
-            notebook.check_names |= check_names
+            notebook.chapter_cell(source)
         budget = Budget.of(job.get("timeout"))
         channel.allowance = budget.wall
         try:
