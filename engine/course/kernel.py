@@ -18,6 +18,30 @@ from jupyter_client import KernelManager
 from nbformat import NotebookNode
 from nbformat.v4 import output_from_msg
 
+def parse_one_at_a_time() -> None:
+    """Make `ast.parse` in this process take a lock (once; calling it again changes nothing).
+
+    CPython 3.11 counts the AST constructor's recursion in one place for the whole interpreter: when
+    two of the grader's threads (make grade's and make autograde's jobs) parse at once, and a garbage
+    collection in the middle of one parse runs a finalizer that hands the interpreter to the other, the
+    count goes wrong and the parse fails with "SystemError: AST constructor recursion depth mismatch"
+    (python/cpython#106905), more often on a busy machine. One parse at a time cannot race."""
+    import ast
+    import threading
+    if getattr(ast.parse, "_one_at_a_time", False):
+        return
+    lock, parse = threading.RLock(), ast.parse
+
+    def locked_parse(*args, **kwargs):
+        with lock:
+            return parse(*args, **kwargs)
+    locked_parse._one_at_a_time = True
+    locked_parse.__doc__, locked_parse.__wrapped__ = parse.__doc__, parse
+    ast.parse = locked_parse
+
+
+parse_one_at_a_time()    # the grader's threads parse cells (cells_to_run, the judge's plan, the flags)
+
 OUTPUT_MESSAGES = {"stream", "display_data", "execute_result", "error"}
 INTERRUPT_GRACE_S = 5.0  # how long an interrupted cell may take to stop before the kernel is restarted
 BACKSTOP_FACTOR = 30     # a sealed cell's judge may take this many times the cell's limit (it keeps the limit)
