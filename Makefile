@@ -136,7 +136,7 @@ bench: setup
 # on CUDA, every chapter notebook; one JSON, OUT=file or folder (default $$OUT/ or build/gpu_check.json).
 .PHONY: gpu-check
 gpu-check:
-	bash engine/attention/gpu_check.sh $(if $(OUT),"$(OUT)")
+	bash engine/tools/gpu_check.sh $(if $(OUT),"$(OUT)")
 
 # Re-resolve constraints.txt from requirements.txt (needs the registry).
 lock:

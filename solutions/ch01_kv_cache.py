@@ -57,11 +57,11 @@ from engine.config import ModelConfig, known_config
 from engine.config import kv_bytes_per_token as reference_kv_bytes    # the engine's
 from engine.course.figures.ch01 import plot_decode_cost, plot_reserved_vs_used
 from engine.course.widgets import explorer
-from engine.demos.paged import paged_figures, request_lengths, static_figures
+from engine.tools.demos.paged import paged_figures, request_lengths, static_figures
 from engine.generate import cached_step, generate, pack, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
-from engine.serve.simulate import GPUS, Roofline
+from engine.tools.simulate import GPUS, Roofline
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 torch.set_num_threads(1)           # models this small run fastest on one thread
@@ -453,7 +453,7 @@ ch01.check_slots_that_fit(slots_that_fit)
 #
 # Take the setting of the vLLM paper: Llama-2-13B in fp16 on an A100 with 40 GB. The weights come
 # first; their size follows from the config (every matrix of every layer, plus the embedding and the
-# output layer; `engine.serve.simulate.Roofline` counts them). What is left holds the KV cache. The
+# output layer; `engine.tools.simulate.Roofline` counts them). What is left holds the KV cache. The
 # cell below works out how many 1,024-token static slots fit in it, ignoring activations and
 # workspace (a real engine also keeps a few GB for those, so the true count is lower), and how many
 # requests of the workload above the same bytes would hold if the cache stored only what the

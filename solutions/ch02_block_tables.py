@@ -65,7 +65,7 @@ from engine.course.figures.ch02 import (draw_block_table, draw_pool,
                                         plot_block_size_tradeoff)
 from engine.course.widgets import explorer
 from engine.config import ModelConfig
-from engine.demos.paged import paged_figures, request_lengths, static_figures
+from engine.tools.demos.paged import paged_figures, request_lengths, static_figures
 from engine.generate import cached_step, scratch_logits
 
 CONFIGS = Path(engine.config.__file__).parent / "configs"  # published config.json files

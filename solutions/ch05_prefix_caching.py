@@ -56,8 +56,8 @@ from engine.checks import ch05
 from engine.config import ModelConfig
 from engine.course.figures import ch05 as figures
 from engine.course.widgets import explorer
-from engine.demos import bench_prefix
-from engine.demos.prefix import run as prefix_demo
+from engine.tools.demos import bench_prefix
+from engine.serve.shared_prompt import run as prefix_demo
 from engine.generate import cached_step
 from engine.seeded import seeded_tokens
 

@@ -55,7 +55,7 @@ import torch
 
 import engine.config
 from engine.attention import triton_installed, triton_modules
-from engine.attention.bench_decode import PEAK_GBS
+from engine.tools.bench_decode import PEAK_GBS
 from engine.attention.paged_reference import gather_history, paged_attention_reference
 from engine.checks import ch06
 from engine.config import ModelConfig
@@ -433,7 +433,7 @@ ch06.check_decode_in_engine(paged_decode_head_program, lengths=[4, 5])
 NAMES = {"sdpa_contiguous": "SDPA", "per_head_kernel": "your kernel",
          "grouped_kernel": "engine's kernel"}
 if ON_GPU:
-    from engine.attention.bench_decode import compare_kernels
+    from engine.tools.bench_decode import compare_kernels
     rows = compare_kernels(batch=32, context=4096, kernel=paged_decode_head_program)
     for row in rows:
         share = "peak unknown"
@@ -556,7 +556,7 @@ STEPS = {"per_head": "your kernel", "grouped": "1. grouped",
          "grouped_fp16_dot": "2. fp16 dot", "split_k": "3. split-K",
          "sdpa_contiguous": "SDPA"}
 if ON_GPU:
-    from engine.attention.bench_decode import ladder
+    from engine.tools.bench_decode import ladder
     for batch, context in ((32, 4096), (4, 16384)):
         print(f"batch {batch}, {context:,d} tokens each:")
         for row in ladder(batch, context, kernel=paged_decode_head_program):

@@ -60,7 +60,7 @@ import torch
 from engine.cache.paged import PagedKVCache as ReferenceCache   # the engine's
 from engine.checks import ch07
 from engine.course.figures import ch07 as figures
-from engine.serve import simulate
+from engine.tools import simulate
 from engine.serve.engine import Engine
 from engine.serve.scheduler import Scheduler as ReferenceScheduler
 from engine.serve.scheduler import SchedulerConfig
@@ -446,7 +446,7 @@ for kind in ("max", "paged"):
 # *memory bandwidth*: it reads every weight once whatever the batch, so a step of 20 sequences costs
 # little more than a step of 1. The next cell serves the bench's workload (prompts of 20-500 tokens,
 # outputs of 10-200) with the real scheduler, allocator and caches on a roofline clock
-# (`engine/serve/simulate.py`): each step costs
+# (`engine/tools/simulate.py`): each step costs
 # $\max(\text{bytes}/\text{HBM bandwidth},\ \text{FLOPs}/\text{peak})$ plus swap traffic. It is a
 # SIMULATION, good for ratios, not for absolute speed.
 

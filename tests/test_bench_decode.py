@@ -1,4 +1,4 @@
-"""`python -m engine.attention.bench_decode`: options refused before any work, and the GPU benchmark's own
+"""`python -m engine.tools.bench_decode`: options refused before any work, and the GPU benchmark's own
 logic (rows, fractions, the tuner, the ladder) run on tiny shapes in Triton's interpreter with a stand-in
 timer, so the code a GPU run takes is exercised here. Its figures are meaningless on a CPU; none is asserted.
 """
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import engine.attention as attention_pkg
-from engine.attention import bench_decode
+from engine.tools import bench_decode
 
 needs_triton = pytest.mark.skipif(not attention_pkg.triton_installed(), reason="triton is Linux-only")
 
@@ -66,7 +66,7 @@ def test_gpu_code_paths_on_tiny_shapes():
 def test_without_cuda_it_checks_in_the_interpreter():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the command benchmarks instead")
-    result = subprocess.run([sys.executable, "-m", "engine.attention.bench_decode", "--contexts", "64"],
+    result = subprocess.run([sys.executable, "-m", "engine.tools.bench_decode", "--contexts", "64"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]

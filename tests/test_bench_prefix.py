@@ -3,7 +3,7 @@ it claims (half the entries held, half evictable), and eviction does the same wo
 import json
 
 from engine.__main__ import main
-from engine.demos.bench_prefix import BATCH, filled_cache
+from engine.tools.demos.bench_prefix import BATCH, filled_cache
 
 
 def test_bench_prefix_prints_one_figure_per_size(capsys):

@@ -245,7 +245,7 @@ def test_decisive_check_names_the_bug(bug, words):
 
 
 def test_utilization_demo_reproduces_the_seed():
-    from engine.demos.paged import request_lengths
+    from engine.seeded import request_lengths
     lengths = request_lengths(32, 20, 500, seed=0)
     paged = ch03.utilization(PagedKVCache, lengths, 16)
     assert paged["tokens_stored"] == sum(lengths)

@@ -316,7 +316,7 @@ def test_lint_tells_a_bad_argument_exit_2_from_a_broken_rule_exit_1(tmp_path, ar
     (["--chapters", "ch06", "--parts", "tests"], ["argument --chapters: ch06 applies to the notebooks part"]),
 ])
 def test_gpu_check_refuses_before_the_first_part(tmp, monkeypatch, capsys, args, words):
-    from engine.attention import gpu_check
+    from engine.tools import gpu_check
     monkeypatch.chdir(tmp)
     monkeypatch.delenv("OUT", raising=False)
     monkeypatch.setattr(gpu_check, "run", lambda *a, **k: pytest.fail("a part ran"))
@@ -328,7 +328,7 @@ def test_gpu_check_refuses_before_the_first_part(tmp, monkeypatch, capsys, args,
 
 def test_gpu_check_sh_refuses_an_out_that_is_a_file(tmp):
     env = {**os.environ, "OUT": str(tmp / "afile")}
-    done = subprocess.run(["bash", str(REPO / "engine" / "attention" / "gpu_check.sh"), "--parts", "tests"],
+    done = subprocess.run(["bash", str(REPO / "engine" / "tools" / "gpu_check.sh"), "--parts", "tests"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert_refused(done, f"$OUT {tmp / 'afile'} is a file")
     assert (tmp / "afile").read_text() == "a file\n"
@@ -336,7 +336,7 @@ def test_gpu_check_sh_refuses_an_out_that_is_a_file(tmp):
 
 @pytest.mark.parametrize("value", ["95", "71", "101", "abc"])
 def test_compile_check_takes_only_real_architectures(tmp_path, value):
-    done = run("engine.attention.compile_check", "--arch", value, "--quick", cwd=tmp_path)
+    done = run("engine.tools.compile_check", "--arch", value, "--quick", cwd=tmp_path)
     assert_refused(done, f"argument --arch: {value} is not a GPU architecture", "90, 100, 103, 110, 120")
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from engine import cli_args
+from engine.tools import cli_args
 from engine.__main__ import main
 from engine.cache.paged import PagedKVCache
 from engine.cache.quantized import QuantizedPagedKVCache
@@ -162,8 +162,8 @@ def no_work(monkeypatch):
     """Every function that builds a model or a workload, serves, or times fails the test if reached;
     the machine has 16 GiB, so the memory checks say the same everywhere."""
     from engine import checkpoint, generate
-    from engine.demos import bench_alloc, bench_prefix, fork, paged, prefix
-    from engine.serve import bench, bench_setup, peer_bench
+    from engine.tools.demos import bench_alloc, bench_prefix, fork, paged, prefix
+    from engine.tools import bench, bench_setup, peer_bench
     for module, name in [(bench_setup.Setup, "build_model"), (bench, "capacity"), (bench, "prefix"),
                          (bench, "run_kinds"), (peer_bench, "build_models"), (peer_bench, "compare"),
                          (bench_prefix, "time_evict"), (bench_alloc, "time_pool"), (paged, "static_figures"),

@@ -5,7 +5,7 @@ import pytest
 
 from engine.__main__ import main
 from engine.cache.slots import blocks_needed
-from engine.demos.paged import request_lengths
+from engine.seeded import request_lengths
 
 
 def run(capsys, *argv):
@@ -69,3 +69,28 @@ def test_bench_alloc_reports_every_pool_size(capsys):
     got = run(capsys, "bench-alloc", "--ops", "500", "--repeats", "1", "--sizes", "1000", "10000")
     assert set(got["allocate_ns"]) == set(got["release_ns"]) == {"1000", "10000"}
     assert all(v > 0 for v in list(got["allocate_ns"].values()) + list(got["release_ns"].values()))
+
+
+def test_beam_search_command_shares_the_prompt_and_frees_every_beam(capsys):
+    """`python -m engine beam` on the seeded tiny model: the search of engine/serve/beam.py, its figures."""
+    from engine.checkpoint import tiny_model
+    from engine.generate import scratch_logits
+    from engine.seeded import seeded_tokens
+    from engine.serve.beam import Beam, select
+    got = run(capsys, "beam", "--prompt-tokens", "40", "--width", "4", "--tokens", "8")
+    assert (got["width"], got["tokens"], len(got["beams"])) == (4, 8, 4)
+    assert all(len(beam["tokens"]) == 8 for beam in got["beams"])
+    scores = [beam["score"] for beam in got["beams"]]
+    assert scores == sorted(scores, reverse=True)                 # best first
+    # the prompt's 40 tokens (3 blocks of 16) stored once: far fewer blocks than 4 private copies at the peak
+    assert got["unshared_blocks"] == 4 * blocks_needed(40 + 8 - 1, 16) and got["peak_blocks"] < got["unshared_blocks"]
+    assert got["blocks_in_use_after"] == 0                        # every beam's sequence freed
+    # the best beam's first token is the greedy choice after the prompt, as select() takes it
+    logits = scratch_logits(tiny_model(seed=0), [seeded_tokens(40, 0)])[0][-1:]
+    first = select([Beam(0)], logits, 4)
+    assert got["beams"][0]["tokens"][0] in {token for _, token, _ in first}
+
+
+def test_beam_search_command_refuses_a_width_out_of_range(capsys):
+    assert main(["beam", "--width", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: argument --width: 0 is not")

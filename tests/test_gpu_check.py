@@ -1,4 +1,4 @@
-"""engine/attention/gpu_check.py on a machine without a GPU: the JSON it writes, its fail-soft runner, and
+"""engine/tools/gpu_check.py on a machine without a GPU: the JSON it writes, its fail-soft runner, and
 the parsing of each part's output (fed by the real commands on tiny CPU runs, so no figure is invented).
 """
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import engine.attention as attention_pkg
-from engine.attention import bench_decode, gpu_check
+from engine.tools import bench_decode, gpu_check
 
 needs_triton = pytest.mark.skipif(not attention_pkg.triton_installed(), reason="triton is Linux-only")
 
@@ -67,12 +67,24 @@ def test_bad_parts_are_refused(capsys):
 
 
 def test_notebook_part_times_a_chapter_and_reports_its_first_error(tmp_path):
-    """run_notebook on the fixture chapter (a second or two), as written and with a planted error."""
+    """run_notebook (the course's run_chapters, which the notebooks part runs in its own process) on the
+    fixture chapter (a second or two), as written and with a planted error."""
+    from engine.course.run_chapters import run_notebook
     from fixtures.course_support import FIXTURE_CHAPTER, REPO
-    assert gpu_check.run_notebook(FIXTURE_CHAPTER, 60)["status"] == "ok"
+    assert run_notebook(FIXTURE_CHAPTER, 60)["status"] == "ok"
     broken = tmp_path / "solutions" / "ch99_fixture.py"
     broken.parent.mkdir()
     (tmp_path / "tests").symlink_to(REPO / "tests")               # the chapter includes tests/fixtures/...
     broken.write_text(FIXTURE_CHAPTER.read_text().replace("    return 2 * x", "    raise ValueError('planted')"))
-    run = gpu_check.run_notebook(broken, 60)
+    run = run_notebook(broken, 60)
     assert run["status"] == "failed" and run["error"] == "ValueError: planted" and run["seconds"] > 0
+
+
+def test_notebooks_part_reads_the_course_commands_json_and_chapters_are_listed(monkeypatch):
+    """The notebooks part runs engine.course.run_chapters in its own process and keeps its JSON; --chapters
+    is checked against the course's own listing."""
+    names = gpu_check.chapter_names()
+    assert names and all(name.startswith("ch") for name in names)
+    report = {"status": "ok", "chapters": {"ch01_x": {"status": "ok", "seconds": 1.0}}}
+    monkeypatch.setattr(gpu_check, "run_command", lambda argv, timeout: (0, "note\n" + json.dumps(report), "", 1.0))
+    assert gpu_check.notebooks(60, ["ch01"]) == report

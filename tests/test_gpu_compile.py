@@ -1,7 +1,7 @@
 """The engine's kernels compile for an H100/H200 (sm_90) on this machine, GPU or not.
 
 Triton's interpreter, which runs every other kernel test on a CPU, accepts code the GPU compiler
-refuses; `engine.attention.compile_check` runs the real compiler down to the cubin instead. One
+refuses; `engine.tools.compile_check` runs the real compiler down to the cubin instead. One
 subprocess, about 10 s cold (a fresh Triton cache).
 """
 import pytest
@@ -13,7 +13,7 @@ needs_triton = pytest.mark.skipif(not attention_pkg.triton_installed(), reason="
 
 @needs_triton
 def test_engine_kernels_compile_for_sm90_without_spilling(tmp_path, monkeypatch):
-    from engine.attention.compile_check import run_in_subprocess
+    from engine.tools.compile_check import run_in_subprocess
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))     # compile for real, not from an earlier run's cache
     status, lines = run_in_subprocess("--quick", "--arch", "90")
     kernels = [line for line in lines if "kernel" in line]
@@ -30,7 +30,7 @@ def test_engine_kernels_compile_for_sm90_without_spilling(tmp_path, monkeypatch)
 
 PLANTED = '''
 import torch
-from engine.attention.compile_check import _compile_mode
+from engine.tools.compile_check import _compile_mode
 records = []
 _compile_mode(90, records)
 import triton

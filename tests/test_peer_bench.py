@@ -24,7 +24,7 @@ def test_the_peer_bench_checks_outputs_and_reports_both_speeds():
 
 
 def test_a_difference_in_outputs_is_reported_and_fails(monkeypatch):
-    from engine.serve import peer_bench
+    from engine.tools import peer_bench
     requests = [([1, 2, 3], 2), ([4, 5], 2)]
     monkeypatch.setattr(peer_bench, "run_transformers", lambda model, reqs: ([[7, 8], [9, 10]], 1.0))
     monkeypatch.setattr(peer_bench, "run_engine", lambda model, reqs, budget: ([[7, 8], [9, 11]], 0.5))

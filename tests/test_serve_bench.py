@@ -8,9 +8,9 @@ import json
 import pytest
 
 from engine.__main__ import main as cli
-from engine.serve import bench, simulate
-from engine.serve.contiguous import ContiguousKVCache
-from engine.serve.simulate import GPUS, BookkeepingPagedCache, Roofline, load_config
+from engine.tools import bench, simulate
+from engine.tools.contiguous import ContiguousKVCache
+from engine.tools.simulate import GPUS, BookkeepingPagedCache, Roofline, load_config
 
 RUN_FIELDS = {"concurrent_peak", "concurrent_mean", "concurrent_mean_saturated", "kv_utilization_mean",
               "preemptions_recompute", "preemptions_swap", "output_tokens_per_s", "ttft_mean_s"}

@@ -211,7 +211,7 @@ def test_static_slots_run_through_the_same_engine(tiny):
 def test_the_scheduler_reads_cache_abilities_from_the_protocols(tiny):
     from engine.cache.protocol import capabilities
     from engine.cache.static import StaticKVCache
-    from engine.serve.contiguous import ContiguousKVCache
+    from engine.tools.contiguous import ContiguousKVCache
     paged = capabilities(PagedKVCache(tiny.config, num_blocks=8, block_size=4))
     assert (paged.paged, paged.swappable, paged.up_front, paged.max_request_tokens) == (True, True, False, 32)
     slots = capabilities(StaticKVCache(tiny.config, max_seqs=2, capacity=48))

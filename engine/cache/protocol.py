@@ -83,7 +83,7 @@ class SwappableCache(Protocol):
 
 @runtime_checkable
 class UpFrontCache(KVCache, Protocol):
-    """A contiguous cache that reserves a sequence's whole region at create (engine/serve/contiguous.py)."""
+    """A contiguous cache that reserves a sequence's whole region at create (engine/tools/contiguous.py)."""
 
     reserves_up_front: bool
     max_request_tokens: int

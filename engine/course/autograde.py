@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     from .sandbox import Limits
     from .write_guard import folder_refusal
     root = repo_root()
-    from engine import cli_args
+    from engine.tools import cli_args
     parser = cli_args.Parser(prog="python -m engine.course.autograde", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("submissions", help="folder of <student_id>/<chNN_topic>.ipynb")

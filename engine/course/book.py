@@ -412,7 +412,7 @@ def save_executed(executed: dict[str, object], folder: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Execute the chapters and build the learner (or --instructor) edition of the book."""
     root = repo_root()
-    from engine import cli_args
+    from engine.tools import cli_args
 
     from .write_guard import path_text
     parser = cli_args.Parser(prog="python -m engine.course.book", description=__doc__,

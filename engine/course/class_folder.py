@@ -40,9 +40,9 @@ from nbgrader.plugins import LateSubmissionPlugin
 from traitlets import Float
 
 from .paths import assignment_id, chapter_files, repo_root
+from .reports import HISTORY_FILE, read_csv
 
 DEFAULT_EXCHANGE = "/srv/nbgrader/exchange"
-HISTORY_FILE = "submissions.csv"
 PERSON = re.compile(r"^\s*(?P<name>[^<]*?)\s*(?:<(?P<email>[^>]*)>)?\s*$")
 
 
@@ -210,7 +210,7 @@ def submission_times(course_dir: Path, assignment: str) -> dict[str, list[str]]:
 def record_history(course_dir: Path, assignment: str, times: dict[str, list[str]]) -> Path:
     """course/submissions.csv: one row per submission (student, chapter, time), the graded one marked."""
     path = Path(course_dir) / HISTORY_FILE
-    rows = [r for r in _read_csv(path) if r["assignment"] != assignment]
+    rows = [r for r in read_csv(path) if r["assignment"] != assignment]
     for student, stamps in sorted(times.items()):
         graded = _graded_timestamp(course_dir, student, assignment)
         for stamp in stamps:
@@ -224,17 +224,6 @@ def _graded_timestamp(course_dir: Path, student: str, assignment: str) -> str:
     from nbgrader.utils import parse_utc
     stamp = Path(course_dir) / "submitted" / student / assignment / "timestamp.txt"
     return str(parse_utc(stamp.read_text().strip())) if stamp.is_file() else ""
-
-
-def history(course_dir: Path) -> list[dict]:
-    return _read_csv(Path(course_dir) / HISTORY_FILE)
-
-
-def _read_csv(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
@@ -335,7 +324,7 @@ def _config_value(course_dir: Path, section: str, name: str):
 
 def main(argv: list[str] | None = None) -> int:
     """`prepare` the course folder from a roster, or `grade` one chapter after the students submitted."""
-    from engine import cli_args
+    from engine.tools import cli_args
     parser = cli_args.Parser(prog="python -m engine.course.class_folder", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)

@@ -374,7 +374,7 @@ def build(out: Path, chapters: list[str], unlock: list[str], root: Path | None =
 
 def main(argv: list[str] | None = None) -> int:
     """Build the student edition; a bad argument is refused in one line, exit 2, before anything is written."""
-    from engine import cli_args
+    from engine.tools import cli_args
 
     from .write_guard import path_text
     parser = cli_args.Parser(prog="python -m engine.course.edition", description=__doc__,

@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     least one chapter notebook was graded (chapters without a notebook are noted). Nothing to grade (no
     chapter notebook in DIR, an empty DIR, a --solutions without chapters) is refused in one line, exit 2."""
     root = repo_root()
-    from engine import cli_args
+    from engine.tools import cli_args
     parser = cli_args.Parser(prog="python -m engine.course.grade", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dir", nargs="?", default=str(root / "notebooks"),

@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     """Lint the given chapter files (default: all of solutions/); exit 1 if any rule is broken, 2 (one
     `error:` line, nothing linted) for a bad argument: a CHAPTER that is not a chapter source file, or an
     --outputs that is not a folder."""
-    from engine import cli_args
+    from engine.tools import cli_args
     parser = cli_args.Parser(prog="python -m engine.course.lint", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter,
                              epilog="Exit status: 0 every rule holds, 1 a rule is broken, 2 a bad argument.")

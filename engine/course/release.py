@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     before anything is written."""
     from .write_guard import folder_refusal, path_text
     root = repo_root()
-    from engine import cli_args
+    from engine.tools import cli_args
     parser = cli_args.Parser(prog="python -m engine.course.release", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapters", nargs="*", help="chapter sources (default: solutions/ch*.py; naming some "

@@ -43,6 +43,21 @@ GRADE_FIELDS = ["student_id", "first_name", "last_name", "email", "assignment", 
                 "submissions", "seconds_late", "raw_score", "late_penalty", "score", "max_score", "flags"]
 
 
+HISTORY_FILE = "submissions.csv"    # every submission collected, with its time (class_folder.record_history)
+
+
+def history(course_dir: Path) -> list[dict]:
+    """The rows of the course's submission history (HISTORY_FILE), oldest first."""
+    return read_csv(Path(course_dir) / HISTORY_FILE)
+
+
+def read_csv(path: Path) -> list[dict]:
+    """The rows of a CSV file as dicts; [] when there is no such file."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
 def flag_code(text: str) -> str:
     for code, pattern, _ in FLAG_CODES:
         if re.search(pattern, text):
@@ -106,7 +121,6 @@ def class_rows(course_dir: Path, roster, chapters: list[Path], faults=(), all_ch
     `notes` (a list) and their codes in `flags`."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    from .class_folder import history
     from .nbgrader_course import COURSE_ID
     names = {assignment_id(path): chapter_name(path) for path in chapters}
     times: dict[tuple[str, str], list[str]] = {}

@@ -6,13 +6,14 @@ its tracked sources: the folder would be emptied, overwritten, or (for engine/) 
 
     refusal(option, path)        why `path` may not be written, '' when it may (the repository rule)
     folder_refusal(option, path) the same, plus: not a file, and its nearest existing parent is a folder
-    unmakeable_parent(path)      the file in the way of making `path`, or None
-    path_text(option)            an argparse type: a path that is not the empty text
+    unmakeable_parent(path)      the file in the way of making `path`, or None  (engine/tools/cli_args.py)
+    path_text(option)            an argparse type: a path that is not the empty text  (engine/tools/cli_args.py)
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
+
+from engine.tools.cli_args import path_text, unmakeable_parent  # noqa: F401  (the course's commands use both)
 
 from .paths import repo_root
 
@@ -51,22 +52,3 @@ def folder_refusal(option: str, path: Path, **kwargs) -> str:
         return f"{option} {path} is a file, not a folder"
     blocking = unmakeable_parent(path)
     return f"{option} {path}: {blocking} is a file, not a folder" if blocking else ""
-
-
-def unmakeable_parent(path: Path) -> Path | None:
-    """The nearest existing folder-to-be above `path` when it is a file (so `path` cannot be made), else None."""
-    for parent in Path(path).absolute().parents:
-        if parent.exists():
-            return None if parent.is_dir() else parent
-    return None
-
-
-def path_text(option: str, what: str = "a folder", why: str = " (the current folder is never taken by default)"):
-    """An argparse type: a Path, refusing the empty text (Path('') would be the current folder)."""
-    def parse(text: str) -> Path:
-        if not text.strip():
-            raise argparse.ArgumentTypeError(f"{text!r} is empty: name {what}{why}")
-        return Path(text)
-
-    parse.__name__ = f"path({option})"
-    return parse

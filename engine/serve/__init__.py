@@ -1,11 +1,9 @@
-"""Serving: continuous batching over the KV caches, with its scheduler, metrics, bench and simulator.
+"""Serving: continuous batching over the KV caches (the bench and simulator are in engine/tools/).
 
-  request.py     Request (what a user asked for) and Sequence (one token stream in the cache)
-  scheduler.py   token and KV budgets, admission, prefix-cache eviction, preemption (swap | recompute)
-  engine.py      one ragged forward per step, per-request sampling, forks for n samples
-  metrics.py     throughput, TTFT, KV utilization over time, preemptions, prefix hit rate
-  contiguous.py  the baselines: one contiguous KV region per sequence (Max, Pow2, Oracle)
-  beam.py        beam search on fork + copy-on-write
-  simulate.py    the roofline cost model and GPU table for `bench --simulate`
-  bench.py       `python -m engine bench`
+  request.py        Request (what a user asked for) and Sequence (one token stream in the cache)
+  scheduler.py      token and KV budgets, admission, prefix-cache eviction, preemption (swap | recompute)
+  engine.py         one ragged forward per step, per-request sampling, forks for n samples
+  metrics.py        throughput, TTFT, KV utilization over time, preemptions, prefix hit rate
+  beam.py           beam search on fork + copy-on-write (`python -m engine beam`)
+  shared_prompt.py  requests sharing a system prompt, served through a PrefixCache (chapter 5)
 """

@@ -27,10 +27,10 @@ import torch
 
 from engine.errors import InputError
 from engine.sampling import SamplingParams
-from engine.serve.bench_setup import KINDS, Setup
+from engine.tools.bench_setup import KINDS, Setup
 from engine.serve.engine import Engine
-from engine.serve.verdict import paged_ratios, paper_band, ratio, summary_lines
-from engine.serve.workloads import MIX_SIGMA, MIXES, arrival_times, make_mix_workload, make_prefix_workload, \
+from engine.tools.verdict import paged_ratios, paper_band, ratio, summary_lines
+from engine.tools.workloads import MIX_SIGMA, MIXES, arrival_times, make_mix_workload, make_prefix_workload, \
     make_workload
 
 REPORTED = ("concurrent_peak", "concurrent_mean", "concurrent_mean_saturated", "saturated_fraction",
@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     Each value is checked by its type as it is parsed, the options together by `check_args`, and what
     they imply for the model and the budget by Setup.check, all before anything runs.
     """
-    from engine import cli_args as check
-    from engine.serve.simulate import GPUS
+    from engine.tools import cli_args as check
+    from engine.tools.simulate import GPUS
     parser.epilog = ("Limits: lengths, --slots, --block-size, --token-budget and --system-len are whole numbers "
                      ">= 1, MIN <= MAX; --scale and --request-rate finite numbers > 0. The longest request must "
                      "fit the model's context and every policy's share of the KV budget, and a real run must "
@@ -199,7 +199,7 @@ def run_kinds(setup: Setup, args, workload, arrivals, progress=None):
 
 def predict(setup: Setup, args, workload, arrivals) -> dict:
     """The simulation's prediction for this card: same config, workload and KV bytes, roofline clock."""
-    from engine.serve.simulate import gpu_for_device_name
+    from engine.tools.simulate import gpu_for_device_name
     card = torch.cuda.get_device_name()
     gpu = args.gpu or gpu_for_device_name(card)
     if gpu is None:

@@ -1,6 +1,6 @@
 """Decode bandwidth: the paged Triton kernels against torch SDPA on the same K/V laid out contiguously.
 
-    python -m engine.attention.bench_decode [--batch 64] [--contexts 1024 4096 16384] [--dtype float16]
+    python -m engine.tools.bench_decode [--batch 64] [--contexts 1024 4096 16384] [--dtype float16]
                                             [--peak-gbs GBS] [--splits S] [--no-tune] [--ladder]
 
 Decode reads every cached key and value once per token and does little math on them, so its speed
@@ -21,7 +21,7 @@ import torch
 
 from engine.attention import choose_num_splits, prepare_triton, triton_installed
 from engine.attention.paged_reference import gather_history, paged_attention_reference
-from engine.cli_args import Distinct, Parser, int_in, positive_float
+from engine.tools.cli_args import Distinct, Parser, int_in, positive_float
 from engine.errors import InputError
 
 # Peak HBM bandwidth in GB/s by a fragment of torch.cuda.get_device_name(); the first match wins, so the
@@ -204,7 +204,7 @@ def smoke_in_interpreter() -> dict:
 
 def parser() -> Parser:
     """The options; each refused before any work in one `error: ...` line (exit 2)."""
-    p = Parser(prog="python -m engine.attention.bench_decode", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m engine.tools.bench_decode", description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int_in(1, MAX_BATCH), default=64, help=f"sequences, 1 to {MAX_BATCH}")
     p.add_argument("--contexts", type=int_in(1, MAX_CONTEXT), nargs="+", action=Distinct,
                    default=[1024, 4096, 16384], help=f"tokens per sequence, 1 to {MAX_CONTEXT}, each once")

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.cli_args import check_memory
+from engine.tools.cli_args import check_memory
 from engine.errors import InputError
-from engine.serve.contiguous import ContiguousKVCache
+from engine.tools.contiguous import ContiguousKVCache
 from engine.serve.engine import Engine
 from engine.serve.scheduler import SchedulerConfig
-from engine.serve.workloads import MIXES, PREFIX_OUTPUT, PREFIX_OWN_MAX, check_mix
+from engine.tools.workloads import MIXES, PREFIX_OUTPUT, PREFIX_OWN_MAX, check_mix
 
 KINDS = ("max", "pow2", "oracle", "paged")
 
@@ -59,7 +59,7 @@ class Setup:
         self.max_len_given = f"--max-len {args.max_len}" + (
             "" if self.max_len == args.max_len else f" x --scale {self.scale:g} = {self.max_len}")
         if self.simulated:
-            from engine.serve import simulate
+            from engine.tools import simulate
             config, config_name, gpu_name = simulate_as or (None, args.simulate, args.gpu or "H100-80GB")
             gpu = simulate.GPUS.get(gpu_name)
             if gpu is None:
@@ -182,7 +182,7 @@ class Setup:
         if self.simulated:
             check_memory(workload_bytes, f"--requests {self.requests()} requests of up to {final} tokens")
             return
-        from engine.serve.simulate import Roofline
+        from engine.tools.simulate import Roofline
         weights = Roofline(self.config, None, self.dtype.itemsize).weight_bytes
         total = None if self.device == "cpu" else torch.cuda.get_device_properties(0).total_memory
         check_memory(2 * self.budget + weights + (workload_bytes if self.device == "cpu" else 0),
@@ -200,7 +200,7 @@ class Setup:
         if kind == "paged":
             blocks = tokens // args.block_size
             if self.simulated:
-                from engine.serve.simulate import BookkeepingPagedCache
+                from engine.tools.simulate import BookkeepingPagedCache
                 cache = BookkeepingPagedCache(blocks, args.block_size)
             else:
                 from engine.cache.paged import PagedKVCache
@@ -213,6 +213,6 @@ class Setup:
                                       device=self.device)
         runner = None
         if self.simulated:
-            from engine.serve.simulate import SimulatedRunner
+            from engine.tools.simulate import SimulatedRunner
             runner = SimulatedRunner(self.roofline, cache)
         return Engine(self.model, cache, config, prefix_caching=prefix_caching, runner=runner)

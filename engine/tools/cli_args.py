@@ -10,7 +10,7 @@ prints that one line instead of argparse's usage block. Checks that need several
 (a length against a budget, a model against the memory) raise `InputError` from the command, which
 `python -m engine` prints as one `error: ...` line with the same status.
 
-The names below are used by other modules (engine/attention/bench_decode.py among them): keep them.
+The names below are used by other modules (engine/tools/bench_decode.py among them): keep them.
 
     Parser                    ArgumentParser whose errors are one line, exit status 2
     int_in(lo, hi=None)       a whole number in [lo, hi] (no upper bound when hi is None)
@@ -23,6 +23,8 @@ The names below are used by other modules (engine/attention/bench_decode.py amon
     fraction                  a finite number in (0, 1]
     non_empty                 a text that is not empty
     output_file(*suffixes)    a file to write: its folder exists, it is not a folder, its suffix is allowed
+    path_text(option)         a path that is not the empty text (Path('') would be the current folder)
+    unmakeable_parent(path)   the file in the way of making `path`, or None
     Ordered                   action for nargs=2 MIN MAX: refuses MIN > MAX
     Distinct                  action for nargs="+": refuses a value given twice
     check_memory(nbytes, what)  InputError when `what` needs more than half this machine's memory
@@ -205,3 +207,22 @@ def check_memory(nbytes: float, what: str, fraction_of_machine: float = 0.5, tot
     if total is not None and nbytes > fraction_of_machine * total:
         raise InputError(f"{what} need {nbytes / GIB:,.1f} GiB, more than {fraction_of_machine:.0%} of {where} "
                          f"{total / GIB:,.1f} GiB of memory: lower them")
+
+
+def unmakeable_parent(path: Path) -> Path | None:
+    """The nearest existing folder-to-be above `path` when it is a file (so `path` cannot be made), else None."""
+    for parent in Path(path).absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def path_text(option: str, what: str = "a folder", why: str = " (the current folder is never taken by default)"):
+    """An argparse type: a Path, refusing the empty text (Path('') would be the current folder)."""
+    def parse(text: str) -> Path:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is empty: name {what}{why}")
+        return Path(text)
+
+    parse.__name__ = f"path({option})"
+    return parse

@@ -8,7 +8,7 @@ H100/H200; sm_80: A100), and drives the engine's real launchers (`paged_decode`,
 variant is compiled exactly as a launch would compile it (same specialization, same
 do_not_specialize), down to the cubin, whose register and spill counts come from cuobjdump.
 
-    python -m engine.attention.compile_check [--arch 90] [--quick]
+    python -m engine.tools.compile_check [--arch 90] [--quick]
 
 prints one JSON line per compiled variant and exits 1 if any fails to compile. It runs in its own
 process (`run_in_subprocess`), because a process that has defined its kernels for the interpreter
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from engine.cli_args import Parser, shown
+from engine.tools.cli_args import Parser, shown
 
 ARCHES = {70: "V100", 75: "T4", 80: "A100", 86: "A10/RTX 30", 89: "L4/L40", 90: "H100/H200", 100: "B200",
           120: "RTX 50"}
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_in_subprocess(*argv: str, timeout: float = 600) -> tuple[int, list[dict]]:
     """Run this command in a fresh process (no interpreter); its exit status and its JSON lines."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "engine.attention.compile_check", *argv], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "engine.tools.compile_check", *argv], capture_output=True,
                             text=True, timeout=timeout, env=env)
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode not in (0, 1):

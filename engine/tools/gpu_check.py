@@ -1,7 +1,7 @@
 """The GPU check: everything that needs a real GPU, in one prepared run that writes one JSON summary.
 
-    python -m engine.attention.gpu_check [--out PATH] [--parts tests,decode,engine,notebooks] [--dry-run]
-    bash engine/attention/gpu_check.sh [PATH]          (the same, with the venv's Python if there is one)
+    python -m engine.tools.gpu_check [--out PATH] [--parts tests,decode,engine,notebooks] [--dry-run]
+    bash engine/tools/gpu_check.sh [PATH]          (the same, with the venv's Python if there is one)
 
 Parts, each run in its own process with a time limit, each failing softly (its error is recorded and
 the next part runs):
@@ -24,14 +24,12 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from engine.cli_args import Parser, positive_int
-from engine.course.write_guard import path_text, unmakeable_parent
+from engine.tools.cli_args import Parser, path_text, positive_int, unmakeable_parent
 
 PARTS = ("tests", "decode", "engine", "notebooks")
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +87,7 @@ def tail(text: str, lines: int = 15) -> str:
 def environment() -> dict:
     """The machine: GPU, versions, the card's peak bandwidth as bench_decode knows it."""
     from engine.attention import triton_installed
-    from engine.attention.bench_decode import peak_bandwidth
+    from engine.tools.bench_decode import peak_bandwidth
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cuda_available": torch.cuda.is_available()}
     if triton_installed():
@@ -117,7 +115,7 @@ def gpu_tests(timeout: float) -> dict:
 
 def decode_bandwidth(timeout: float) -> dict:
     """bench_decode at batch 64 x 1k/4k/16k fp16, with every config candidate timed, and the ladder."""
-    argv = [sys.executable, "-m", "engine.attention.bench_decode", "--batch", "64", "--contexts",
+    argv = [sys.executable, "-m", "engine.tools.bench_decode", "--batch", "64", "--contexts",
             *map(str, CONTEXTS), "--ladder"]
     status, out, err, seconds = run_command(argv, timeout)
     lines = json_lines(out)
@@ -149,50 +147,22 @@ def engine_bench(timeout: float, device: str = "cuda", model_config: str | None 
 
 
 def notebooks(timeout: float, chapters: list[str] | None = None) -> dict:
-    """Every chapter's full solution, executed on this machine's GPU; seconds each, the first error if any."""
-    from engine.course.paths import chapter_files, chapter_name
-    runs = {}
-    for path in chapter_files(REPO / "solutions"):
-        name = chapter_name(path)
-        if chapters and not any(name.startswith(c) for c in chapters):
-            continue
-        runs[name] = run_notebook(path, timeout)
-    failed = [name for name, run in runs.items() if run["status"] != "ok"]
-    return {"status": "ok" if not failed else "failed", "chapters": runs, **({"failed": failed} if failed else {})}
+    """Every chapter's full solution, executed on this machine's GPU (the course's command
+    engine/course/run_chapters.py, in its own process); seconds each, the first error if any."""
+    argv = [sys.executable, "-m", "engine.course.run_chapters", "--timeout", str(int(timeout)),
+            *(["--chapters", ",".join(chapters)] if chapters else [])]
+    status, out, err, seconds = run_command(argv, timeout * 50)      # timeout is per cell
+    report = next((line for line in reversed(json_lines(out)) if "chapters" in line), None)
+    if report is None:
+        return {"status": "failed", "seconds": seconds, "output": tail(out + "\n" + err)}
+    return report
 
 
-CH06_FIGURE_CELLS = ("ch06_bench", "ch06_gap")   # the chapter's cells that print measured bandwidth
-
-
-def run_notebook(path: Path, timeout: float) -> dict:
-    """One chapter with the full solution in a fresh kernel (cells stop the run on their first error)."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError
-
-    from engine.course.source import load_chapter
-    notebook = load_chapter(path)
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as workdir:
-        client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=False,
-                                extra_arguments=["--HistoryManager.hist_file=:memory:"],
-                                resources={"metadata": {"path": workdir}})
-        try:
-            client.execute(env=gpu_environ() | {"COURSE_EXPLORERS": "static"}, stderr=subprocess.DEVNULL)
-            result = {"status": "ok"}
-        except (CellExecutionError, CellTimeoutError) as exc:
-            where = next((cell.get("id") for cell in notebook.cells
-                          if any(o.get("output_type") == "error" for o in cell.get("outputs", []))), None)
-            what = f"{exc.ename}: {exc.evalue}" if getattr(exc, "ename", None) else str(exc).splitlines()[0]
-            result = {"status": "failed", "error": what[:500], "cell": where}
-    result["seconds"] = round(time.perf_counter() - started, 1)
-    printed = {}
-    for cell in notebook.cells:
-        if cell.get("id") in CH06_FIGURE_CELLS:
-            printed[cell.id] = "".join(o.get("text", "") for o in cell.get("outputs", [])
-                                       if o.get("output_type") == "stream").splitlines()
-    if printed:
-        result["printed"] = printed
-    return result
+def chapter_names() -> list[str]:
+    """The chapters' names, from the course's own listing (engine/course/run_chapters.py --list); [] when
+    it cannot list them."""
+    status, out, _, _ = run_command([sys.executable, "-m", "engine.course.run_chapters", "--list"], 120)
+    return json.loads(out) if status == 0 else []
 
 
 # ---- the summary ---------------------------------------------------------------------------------------
@@ -241,7 +211,7 @@ def targets(per_context: dict, tokens: dict | None) -> dict:
 
 def interpreter_check() -> dict:
     """On a machine without CUDA: bench_decode's small correctness check in Triton's interpreter."""
-    status, out, err, seconds = run_command([sys.executable, "-m", "engine.attention.bench_decode"], 300)
+    status, out, err, seconds = run_command([sys.executable, "-m", "engine.tools.bench_decode"], 300)
     return {"status": "ok" if status == 0 else "failed", "seconds": seconds, "lines": json_lines(out),
             **({} if status == 0 else {"output": tail(err)})}
 
@@ -303,7 +273,7 @@ def out_path(given: Path | None) -> tuple[Path, str]:
 def main(argv: list[str] | None = None) -> int:
     """Run the GPU check; 0 when every part ran (or was skipped for want of CUDA), 1 when one failed, 2 (one
     `error:` line, before any part runs) for a bad argument."""
-    p = Parser(prog="python -m engine.attention.gpu_check", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m engine.tools.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=path_text("--out", "the JSON file or a folder for gpu_check.json", why=""),
                    default=None, help="the JSON file, or a folder to hold gpu_check.json "
                                       "[$OUT/gpu_check.json, else build/gpu_check.json]")
@@ -328,8 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             if "notebooks" not in parts:
                 p.error(f"argument --chapters: {args.chapters} applies to the notebooks part, which --parts "
                         f"{args.parts} leaves out")
-            from engine.course.paths import chapter_files
-            names = [path.stem for path in chapter_files(REPO / "solutions")]
+            names = chapter_names()
             missing = [c for c in chapters if not any(name.startswith(c) for name in names)]
             if missing or not chapters:
                 p.error(f"argument --chapters: {','.join(missing) or repr(args.chapters)} names no chapter "

@@ -4,9 +4,9 @@
 #   2. bench_decode at batch 64 x contexts 1k/4k/16k fp16: paged Triton vs contiguous SDPA, GB/s, fraction of peak;
 #   3. python -m engine bench --device cuda --model-config qwen3-0.6b (paged vs Max tokens/s);
 #   4. every chapter's solution notebook executed on the GPU, each timed.
-# Usage, from anywhere:  bash engine/attention/gpu_check.sh [OUT.json | folder] [--parts tests,decode,...]
+# Usage, from anywhere:  bash engine/tools/gpu_check.sh [OUT.json | folder] [--parts tests,decode,...]
 # Without a path it writes $OUT/gpu_check.json, or build/gpu_check.json. A failing part is recorded and the
-# next one runs; without CUDA the GPU parts are recorded as skipped (python -m engine.attention.gpu_check --help).
+# next one runs; without CUDA the GPU parts are recorded as skipped (python -m engine.tools.gpu_check --help).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -20,4 +20,4 @@ fi
 unset TRITON_INTERPRET  # compile the kernels; the interpreter is for machines without a GPU
 args=()
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then args=(--out "$1"); shift; fi
-exec "$PY" -m engine.attention.gpu_check "${args[@]}" "$@"
+exec "$PY" -m engine.tools.gpu_check "${args[@]}" "$@"

@@ -27,7 +27,7 @@ MAX_THREADS = 256
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The random model's shape, the threads, the workloads' scale; each checked before anything is built."""
-    from engine import cli_args as check
+    from engine.tools import cli_args as check
     parser.epilog = ("Limits: --hidden, --layers, Q, KV and --token-budget are whole numbers >= 1; Q is a "
                      "multiple of KV and --hidden a multiple of Q with an even quotient (the head size, which "
                      f"RoPE rotates in pairs); --threads 1 to {MAX_THREADS}; --scale a finite number > 0 that keeps "
@@ -52,9 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args) -> None:
     """Refuse a model shape the engine (or transformers) cannot build, or one too big for this machine."""
-    from engine.cli_args import check_memory
+    from engine.tools.cli_args import check_memory
     from engine.config import ModelConfig
-    from engine.serve.simulate import Roofline
+    from engine.tools.simulate import Roofline
     q_heads, kv_heads = args.heads
     if q_heads % kv_heads:
         raise InputError(f"--heads {q_heads} {kv_heads}: Q {q_heads} is not a multiple of KV {kv_heads} "
@@ -82,7 +82,7 @@ def model_config(args, config_class):
 
 def workload(name: str, scale: float, seed: int, vocab: int) -> list[tuple[list[int], int]]:
     """(prompt ids, new tokens) pairs of one named workload, fixed by the seed."""
-    from engine.serve.workloads import check_mix, make_mix_workload, make_workload
+    from engine.tools.workloads import check_mix, make_mix_workload, make_workload
 
     def scaled(n):
         return max(1, round(n * scale))

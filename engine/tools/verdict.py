@@ -1,7 +1,7 @@
 """What a benchmark run means: paged over the other policies, the paper's 2-4x band, and the summary lines."""
 from __future__ import annotations
 
-from engine.serve.bench_setup import KINDS, Setup
+from engine.tools.bench_setup import KINDS, Setup
 
 PAPER_BAND = (2.0, 4.0)      # paged/Orca throughput the paper reports (2-4x; up to 22x over HF/FT is others)
 

@@ -14,9 +14,9 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.checkpoint import tiny_model
 from engine.sampling import SamplingParams
-from engine.serve import simulate
-from engine.serve.bench import make_workload
-from engine.serve.contiguous import ContiguousKVCache
+from engine.tools import simulate
+from engine.tools.bench import make_workload
+from engine.tools.contiguous import ContiguousKVCache
 from engine.serve.engine import Engine
 from engine.serve.scheduler import SchedulerConfig
 

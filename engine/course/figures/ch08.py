@@ -14,10 +14,10 @@ from engine.cache.quantized import QMAX, QuantizedPagedKVCache, kv_bytes_per_tok
 from engine.config import known_config
 from engine.generate import cached_step
 from engine.sampling import SamplingParams
-from engine.serve.bench import make_workload
+from engine.tools.bench import make_workload
 from engine.serve.engine import Engine
 from engine.serve.scheduler import SchedulerConfig
-from engine.serve.simulate import GPUS, BookkeepingPagedCache, Roofline, SimulatedRunner
+from engine.tools.simulate import GPUS, BookkeepingPagedCache, Roofline, SimulatedRunner
 
 KiB, MiB = 2 ** 10, 2 ** 20
 

@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from engine.cli_args import check_memory
+from engine.tools.cli_args import check_memory
 from engine.errors import InputError
 
 

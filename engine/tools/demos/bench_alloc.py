@@ -11,7 +11,7 @@ import gc
 import time
 
 from engine.cache.allocator import BlockAllocator
-from engine.demos import emit
+from engine.tools.demos import emit
 
 POOL_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 
@@ -49,7 +49,7 @@ def time_pool(num_blocks: int, ops: int, repeats: int) -> tuple[float, float]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Operations per pool size and how many repeats to take the best of."""
-    from engine import cli_args as check
+    from engine.tools import cli_args as check
     parser.epilog = (f"Limits: --ops 1 to {MAX_OPS:,}, --repeats 1 to {MAX_REPEATS:,}, each size 1 to "
                      f"{MAX_BLOCKS:,} blocks, given once. A bad input prints one 'error: ...' line and exits "
                      "with status 2.")
@@ -66,7 +66,7 @@ MAX_OPS, MAX_REPEATS, MAX_BLOCKS = 100_000_000, 1_000, 100_000_000   # 100M bloc
 
 def main(args: argparse.Namespace) -> int:
     """Print ns per allocate and per release for each pool size, and the spread across sizes."""
-    from engine.cli_args import check_memory
+    from engine.tools.cli_args import check_memory
     check_memory(64 * max(args.sizes), f"--sizes {max(args.sizes)} blocks (a free list and a refcount each)")
     allocate_ns, release_ns = {}, {}
     for size in args.sizes:

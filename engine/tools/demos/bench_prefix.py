@@ -15,7 +15,7 @@ import time
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.checkpoint import tiny_config
-from engine.demos import emit
+from engine.tools.demos import emit
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 BATCH = 256          # blocks evicted per timed round, the same at every size
@@ -70,7 +70,7 @@ def time_evict(entries: int, rounds: int) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Cache sizes and how many timed rounds to take the best of."""
-    from engine import cli_args as check
+    from engine.tools import cli_args as check
     parser.epilog = (f"Limits: each size 2 to {MAX_ENTRIES:,} entries (half held, half evictable), given once; "
                      f"--rounds 1 to {MAX_ROUNDS:,}. A bad input prints one 'error: ...' line and exits with "
                      "status 2.")
@@ -86,7 +86,7 @@ BYTES_PER_ENTRY = 400                            # measured: a 1M-entry cache ta
 
 def main(args: argparse.Namespace) -> int:
     """Print ns per evicted block for each cache size, and the spread across sizes."""
-    from engine.cli_args import check_memory
+    from engine.tools.cli_args import check_memory
     check_memory(BYTES_PER_ENTRY * max(args.sizes), f"--sizes {max(args.sizes)} entries")
     evict_ns = {str(size): round(time_evict(size, args.rounds)) for size in args.sizes}
     spread = max(evict_ns.values()) / max(1, min(evict_ns.values()))

@@ -11,7 +11,7 @@ import argparse
 from engine.cache.paged import PagedKVCache
 from engine.cache.slots import blocks_needed
 from engine.checkpoint import tiny_model
-from engine.demos import check_tiny_run, emit
+from engine.tools.demos import check_tiny_run, emit
 from engine.seeded import seeded_tokens
 from engine.generate import cached_step, max_abs_diff, scratch_logits
 
@@ -46,7 +46,7 @@ def run(prompt_tokens: int = 40, forks: int = 4, block_size: int = 16, seed: int
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Prompt length, number of forks, block size and seed."""
-    from engine import cli_args as check
+    from engine.tools import cli_args as check
     parser.epilog = ("Limits: whole numbers >= 1 (--forks at most 256, --seed 0 to 2**63 - 1); the prompt plus "
                      "one token must fit the tiny model's 4,096-token context, and the run half the memory. "
                      "A bad input prints one 'error: ...' line and exits with status 2.")

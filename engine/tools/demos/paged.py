@@ -14,7 +14,7 @@ from engine.cache.fill import data_only_config, store
 from engine.cache.paged import PagedKVCache
 from engine.cache.slots import blocks_needed
 from engine.cache.static import StaticKVCache
-from engine.demos import emit
+from engine.tools.demos import emit
 from engine.errors import InputError
 from engine.seeded import request_lengths
 
@@ -63,7 +63,7 @@ def plot_sweep(sweep: list[dict], path: str) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The workload: how many requests, their length range, the static slot and the block size."""
-    from engine import cli_args as check
+    from engine.tools import cli_args as check
     parser.epilog = ("Limits: whole numbers >= 1 (--requests at most 100,000, --seed 0 to 2**63 - 1); "
                      "--min-tokens <= --max-tokens <= --capacity; the caches must fit in half the memory; "
                      "--out's folder must exist. A bad input prints one 'error: ...' line and exits with status 2.")
@@ -87,7 +87,7 @@ MAX_REQUESTS = 100_000
 
 def check_args(args: argparse.Namespace) -> None:
     """Refuse lengths that contradict each other, or caches too big for this machine, before storing any."""
-    from engine.cli_args import check_memory
+    from engine.tools.cli_args import check_memory
     if args.min_tokens > args.max_tokens:
         raise InputError(f"--min-tokens {args.min_tokens} is greater than --max-tokens {args.max_tokens}: give "
                          "--min-tokens <= --max-tokens")

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 
 from engine.cache.slots import blocks_needed
-from engine.demos import check_tiny_run, emit
+from engine.tools.demos import check_tiny_run, emit
 from engine.serve.shared_prompt import run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """How many requests, the shared and own prompt lengths, block size and seed."""
-    from engine import cli_args as check
+    from engine.tools import cli_args as check
     parser.epilog = ("Limits: whole numbers >= 1 (--own-tokens >= 0, --requests at most 1,024, --seed 0 to "
                      "2**63 - 1); a prompt must fit the tiny model's 4,096-token context, and the run half the "
                      "memory. A bad input prints one 'error: ...' line and exits with status 2.")
