@@ -288,7 +288,9 @@ class SealedKernel:
         argv = host_argv(code, self.host_copy) + list(arguments)
         if self.wrap is None:
             return argv
-        return self.wrap(argv, self.cwd, readable=[Path(self.host_copy)])
+        # the host's environment (COURSE_EXPLORERS=static: explorers draw one state, not every one) is
+        # the grader's choice inside the sandbox too
+        return self.wrap(argv, self.cwd, readable=[Path(self.host_copy)], env=self.env)
 
     def _why_no_start(self) -> str:
         """What starting Python the same way says, for the message (only run once the worker failed)."""

@@ -305,7 +305,9 @@ class Sandbox:
     def expired_message(self) -> str:
         return f"the notebook ran past its {self.limits.notebook_seconds:g} s limit"
 
-    def __call__(self, argv: list[str], cwd: Path, readable: list[Path] = ()) -> list[str]:
+    def __call__(self, argv: list[str], cwd: Path, readable: list[Path] = (), env: dict | None = None) -> list[str]:
+        """The sandboxed command line of `argv`; the course's switches (COURSE_*, MPLBACKEND ...) come from
+        `env` (the environment the grader starts the process with), else from the sandbox's own."""
         mode, why = _mode()
         if not mode:
             raise RuntimeError(why)
@@ -319,7 +321,8 @@ class Sandbox:
             binds.append(cpu)
         binds += [Path(p).resolve() for p in readable]     # the host's engine (engine.course.edition)
         hide = [h for h in self.hide if any(h.is_relative_to(b) for b in binds)]
-        return _command(mode, binds, hide, self.cgroups, HOME_INSIDE, _sandbox_env(self.env),
+        chosen = _sandbox_env(env if env is not None else self.env)
+        return _command(mode, binds, hide, self.cgroups, HOME_INSIDE, chosen,
                         self.deadline - time.monotonic(), list(argv), self.limits.disk_mb, self.limits)
 
     def close(self) -> None:
