@@ -10,6 +10,7 @@ from engine.attention.triton_decode import as_kernel
 from engine.course.grade import grade_notebook
 from engine.course.sealed import kernels
 from fixtures.course_support import BUILD, REPO, expanded, stubbed, with_cells_added, write_notebook
+from fixtures.sealed_cases import FAKE_JIT
 
 CH06 = REPO / "solutions" / "ch06_triton_decode.py"
 DOUBLE = '''
@@ -52,23 +53,6 @@ def test_the_launcher_takes_no_object_merely_indexed_by_a_grid():
         as_kernel(Grid())
 
 
-# Issue 27's ch06 attack: no Triton code at all; triton.jit replaced in the host so that the graded
-# program is an object "indexed by a grid" that fills the output with the engine's torch reference.
-FAKE_JIT = '''
-import triton
-from engine.attention.paged_reference import paged_attention_reference
-
-class Program:
-    def __init__(self, fn=None):
-        self.fn = fn
-    def __getitem__(self, grid):
-        def run(q, k_pool, v_pool, tables, lengths, out, group, scale, *rest, **constants):
-            positions = (lengths - 1).view(-1, 1)
-            out.copy_(paged_attention_reference(q, k_pool, v_pool, tables, positions, lengths))
-        return run
-
-triton.jit = Program
-'''
 
 
 @pytest.mark.slow
