@@ -14,7 +14,7 @@ import random
 
 import torch
 
-from engine.checks import (ATOL, CheckFailed, Proved, check, compare_logits, expect_equal, fail, one_thread,
+from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, fail, one_thread,
                            passed, review_choice, review_number, tiny)
 from engine.config import ModelConfig, known_config
 from engine.seeded import seeded_tokens
@@ -532,7 +532,7 @@ def check_slots_that_fit(slots_that_fit) -> None:
         elif value is not None:
             if free < 0 and value < 0:
                 hint = "the weights do not even fit: no slot fits, return 0, not a negative count"
-            elif value == -(-free // slot) or value == round(free / slot):
+            elif value == ceil_div(free, slot) or value == round(free / slot):
                 hint = ("rounded up: a slot that only partly fits cannot be reserved; round down "
                         "(floor division)")
             elif value == gpu // slot:

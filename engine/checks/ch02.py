@@ -13,7 +13,7 @@ import random
 import torch
 
 from engine.cache.errors import BlockRefError, OutOfBlocks
-from engine.checks import ATOL, check, compare_logits, expect_equal, expect_raises, fail, passed, tiny
+from engine.checks import ATOL, ceil_div, check, compare_logits, expect_equal, expect_raises, fail, passed, tiny
 from engine.seeded import seeded_tokens
 
 # Block sizes and lengths where slot math goes wrong: one short of a block, a full block, one past.
@@ -26,7 +26,7 @@ def _boundary_lengths(bs: int) -> list[int]:
 
 def _table_for(length: int, bs: int, seed: int) -> list[int]:
     """A block table in scrambled physical order, long enough for `length` tokens."""
-    count = -(-length // bs)
+    count = ceil_div(length, bs)
     rng = random.Random(seed)
     return rng.sample(range(100, 100 + 4 * count + 4), count)
 
@@ -93,7 +93,7 @@ def check_blocks_needed(blocks_needed) -> None:
     checked = 1
     for bs in BLOCK_SIZES:
         for n in _boundary_lengths(bs):
-            want = -(-n // bs)
+            want = ceil_div(n, bs)
             expect_equal(blocks_needed(n, bs), want, f"blocks_needed({n}, {bs})",
                          f"{n} tokens fill {n // bs} whole block(s) of {bs}"
                          + (" and start one more" if n % bs else ", with no partial block"))
@@ -133,7 +133,7 @@ def check_slot_mapping(slot_mapping) -> None:
         starts = [bs - 1, bs, 2 * bs + 1, 0]
         counts = [1, bs + 1, 2, 3 * bs]
         width = max(counts)
-        columns = max(-(-(st + n) // bs) for st, n in zip(starts, counts)) + 1
+        columns = max(ceil_div(st + n, bs) for st, n in zip(starts, counts)) + 1
         rows = [rng.sample(range(200), columns) for _ in starts]
         positions = torch.full((len(starts), width), -1, dtype=torch.long)
         for b, (st, n) in enumerate(zip(starts, counts)):
@@ -542,7 +542,7 @@ def check_paged_utilization(paged_utilization) -> None:
              ([20, 500, 137, 64, 65], 128)]
     for lengths, bs in cases:
         tokens = sum(lengths)
-        slots = sum(-(-n // bs) for n in lengths) * bs
+        slots = sum(ceil_div(n, bs) for n in lengths) * bs
         want = tokens / slots
         got = paged_utilization(list(lengths), bs)
         try:

@@ -14,8 +14,8 @@ import random
 import torch
 
 from engine.cache.errors import OutOfBlocks
-from engine.checks import (ATOL, CheckFailed, Proved, check, chosen_letter, compare_logits, expect_equal, expect_raises,
-                           fail, passed, review_number, tiny, where_it_lives)
+from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, chosen_letter, compare_logits, expect_equal,
+                           expect_raises, fail, passed, review_number, tiny, where_it_lives)
 from engine.seeded import seeded_tokens
 
 
@@ -23,9 +23,6 @@ def _lengths(bs: int) -> list[int]:
     """The lengths where paged bookkeeping goes wrong: short of a block, a block, one past, two past."""
     return [bs - 1, bs, bs + 1, 2 * bs + 1]
 
-
-def _ceil(n: int, bs: int) -> int:
-    return -(-n // bs)
 
 
 def shuffled_allocator(num_blocks: int, seed: int):
@@ -71,7 +68,7 @@ def check_reserve(cls, block_size: int = 4, seed: int = 0) -> None:
         free = cache.allocator.num_free
         cache.reserve(seq, n)
         table = cache.tables[seq]
-        want = _ceil(n, bs)
+        want = ceil_div(n, bs)
         if len(table) != want:
             hint = (f"{n} token(s) need ceil({n}/{bs}) = {want} block(s) of {bs}"
                     + (": one block too many at a block boundary; use ceil, not n // bs + 1"
@@ -97,7 +94,7 @@ def check_reserve(cls, block_size: int = 4, seed: int = 0) -> None:
         cache.set_length(seq, stored)              # as if a forward pass had written them
         before = list(cache.tables[seq])
         cache.reserve(seq, more)
-        want = _ceil(stored + more, bs)
+        want = ceil_div(stored + more, bs)
         table = cache.tables[seq]
         if table[:len(before)] != before:
             fail(f"reserve({seq}, {more}) on a sequence of {stored} tokens changed its existing entries",
@@ -567,7 +564,7 @@ def _check_one_truncate(cache, seq: int, n: int, length: int, reserved: int) -> 
     table = list(cache.tables[seq])
     free = cache.allocator.num_free
     held = truncate_holding_the_table(cache, seq, length)
-    keep = _ceil(length, bs)
+    keep = ceil_div(length, bs)
     what = f"truncate({seq}, {length}) of a {n}-token sequence" + (
         f" with room reserved for {reserved} more" if reserved else "") + f", table {table} (bs {bs})"
     got = cache.tables.get(seq)
@@ -643,12 +640,12 @@ def check_cache_matches_scratch(cls, block_size: int = 4, seed: int = 0, steps: 
     bs = block_size
     lengths = _lengths(bs)
     longest = max(lengths) + steps + 2 * bs
-    num_blocks = (len(lengths) + 1) * (_ceil(longest, bs) + 1)
+    num_blocks = (len(lengths) + 1) * (ceil_div(longest, bs) + 1)
     cache = _cache(cls, num_blocks=num_blocks, block_size=bs, seed=seed)
     # The pool's last block goes to the longest sequence's first block: a write through slot -1
     # (padding not skipped) then lands in history that later steps read.
     order = [b for b in cache.allocator.free if b != num_blocks - 1]
-    order.insert(sum(_ceil(n, bs) for n in lengths[:-1]), num_blocks - 1)
+    order.insert(sum(ceil_div(n, bs) for n in lengths[:-1]), num_blocks - 1)
     cache.allocator.free.clear()
     cache.allocator.free.extend(order)
     seqs: dict[int, list[int]] = {}
@@ -719,7 +716,7 @@ def utilization(cls, lengths: list[int], block_size: int) -> dict:
     """Store requests of `lengths` tokens in a cache of `cls` just big enough for them (a one-layer,
     one-head shape: only the bookkeeping matters); its tokens, slots reserved and utilization."""
     from engine.cache.fill import data_only_config, store
-    num_blocks = sum(_ceil(n, block_size) for n in lengths)
+    num_blocks = sum(ceil_div(n, block_size) for n in lengths)
     cache = cls(data_only_config(), num_blocks, block_size=block_size, attention="reference")
     store(cache, lengths)
     return {"block_size": block_size, "tokens_stored": cache.tokens_stored,

@@ -11,7 +11,7 @@ import random
 
 import torch
 
-from engine.checks import ATOL, check, compare_logits, expect_equal, fail, passed, tiny, where_it_lives
+from engine.checks import ATOL, ceil_div, check, compare_logits, expect_equal, fail, passed, tiny, where_it_lives
 from engine.seeded import seeded_tokens
 
 CORRUPTION_HINT = ("did the write land in a block another sequence still uses? A shared block "
@@ -209,7 +209,7 @@ def fork_block_counts(cls, prompt_len: int = 40, forks: int = 4, block_size: int
             "new_blocks_after_forks": after_forks - parent_blocks,
             "new_blocks_after_each_fork_writes_a_token": after_writes - after_forks,
             "new_blocks_after_the_parent_writes": after_parent - after_writes,
-            "blocks_for_independent_copies": forks * -(-prompt_len // block_size)}
+            "blocks_for_independent_copies": forks * ceil_div(prompt_len, block_size)}
 
 
 @check
@@ -245,7 +245,7 @@ def check_fork_then_diverge(cls, block_size: int = 4, seed: int = 0) -> None:
     model = tiny()
     bs = block_size
     longest = 4 * bs + 5                       # the mid-block prompt plus every token appended below
-    cache = _cache(cls, num_blocks=8 * (-(-longest // bs) + 1), block_size=bs)
+    cache = _cache(cls, num_blocks=8 * (ceil_div(longest, bs) + 1), block_size=bs)
     seqs: dict[int, list[int]] = {}
     everyone: set[int] = set()
 
@@ -312,7 +312,7 @@ def parallel_samples(cls, prompt: list[int], seeds: list[int], steps: int, block
     from engine.sampling import SamplingParams, sample
     model = tiny()
     n = len(seeds)
-    cache = _cache(cls, num_blocks=8 + n * (steps // block_size + 2) + -(-len(prompt) // block_size),
+    cache = _cache(cls, num_blocks=8 + n * (steps // block_size + 2) + ceil_div(len(prompt), block_size),
                    block_size=block_size)
     cache.create(0)
     last = cached_step(model, cache, [0], [prompt])[0][-1]
@@ -368,7 +368,7 @@ def simulate_forks(prompt_len: int, n: int, generated: int, block_size: int, cls
     lengths a forward pass would commit; no model, so it is instant for any size."""
     from engine.cache.paged import PagedKVCache
     from engine.checkpoint import tiny_config
-    need = n * (-(-(prompt_len + generated) // block_size) + 1)
+    need = n * (ceil_div(prompt_len + generated, block_size) + 1)
     cache = (cls or PagedKVCache)(tiny_config(), need, block_size=block_size)
     cache.create(0)
     cache.reserve(0, prompt_len)
@@ -404,4 +404,4 @@ def check_shared_blocks(shared_blocks) -> None:
                  f"the blocks a PagedKVCache holds", want, got, hint)
     passed(f"shared_blocks: {len(cases)} cases agree with a real PagedKVCache; 4 samples of a 2,000-token "
            f"prompt after one token each hold {shared_blocks(2000, 4, 1, 16)} blocks, "
-           f"not {4 * -(-2001 // 16)}")
+           f"not {4 * ceil_div(2001, 16)}")

@@ -19,8 +19,8 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
-from engine.checks import (ATOL, CheckFailed, Proved, check, compare_logits, expect_equal, expect_raises, fail,
-                           passed, review_choice, review_number, served, tiny, where_it_lives)
+from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, expect_raises,
+                           fail, passed, review_choice, review_number, served, tiny, where_it_lives)
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -114,7 +114,7 @@ def check_chain(cls) -> None:
         got = list(prefix.chain(tokens))
         full = length // BS
         if len(got) != full:
-            hint = PARTIAL if len(got) == -(-length // BS) else "one tuple per full block of tokens"
+            hint = PARTIAL if len(got) == ceil_div(length, BS) else "one tuple per full block of tokens"
             fail(f"chain() of a {length}-token prompt in blocks of {BS}: tuples yielded", full, len(got), hint)
         parent = None
         for index, item in enumerate(got):
@@ -547,7 +547,7 @@ def _milestone_run(cls, block_size: int, seed: int):
               + [system + [rng.randrange(256) for _ in range(n)] for n in lengths])
     steps = 20
     # A pool that holds the second wave only if cached blocks are evicted and sequences preempted.
-    cache = PagedKVCache(tiny().config, num_blocks=4 * (-(-(3 * bs + steps) // bs)), block_size=bs)
+    cache = PagedKVCache(tiny().config, num_blocks=4 * ceil_div(3 * bs + steps, bs), block_size=bs)
     engine = Engine(tiny(), cache, prefix_caching=False, keep_logits=True)
     prefix = engine.scheduler.prefix = cls(cache)
     params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)

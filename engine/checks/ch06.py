@@ -24,7 +24,7 @@ import traceback
 import torch
 
 from engine.attention import triton_installed
-from engine.checks import (ATOL, Proved, check, compare_logits, expect_equal, fail, one_thread, passed,
+from engine.checks import (ATOL, Proved, ceil_div, check, compare_logits, expect_equal, fail, one_thread, passed,
                            where_it_lives)
 from engine.seeded import seeded_tokens
 
@@ -229,7 +229,7 @@ def _gather_bugs(x_buf, idx_buf, rows, cols, block_rows, out_shape):
     first[block_rows:rows, :cols] = SENTINEL
     bugs.append(("only the first tile of rows was written: every program must offset its rows by "
                  "tl.program_id(0) * BLOCK_ROWS", first))
-    padded_rows = -(-rows // block_rows) * block_rows
+    padded_rows = ceil_div(rows, block_rows) * block_rows
     no_row_mask = right.clone()
     no_row_mask[rows:padded_rows, :cols] = x_buf[idx_buf[rows:padded_rows], :cols]
     bugs.append((f"it wrote rows {rows}..{padded_rows - 1}, past the last row: the last tile is only "
@@ -336,8 +336,8 @@ def decode_case(lens: list[int], group: int, kv_heads: int = 2, block_size: int 
     that even a kernel without a tail mask reads only inside the pool.
     """
     gen = torch.Generator().manual_seed(seed)
-    counts = [-(-n // block_size) for n in lens]
-    width = max(-(-(-(-n // block_n) * block_n) // block_size) for n in lens) + 1
+    counts = [ceil_div(n, block_size) for n in lens]
+    width = max(ceil_div(ceil_div(n, block_n) * block_n, block_size) for n in lens) + 1
     num_blocks = sum(counts) + spare + 1
     shape = (num_blocks, kv_heads, block_size, head_dim)
     k_pool = torch.randn(shape, generator=gen)
@@ -408,7 +408,7 @@ def emulate(case: dict, bug: str | None = None) -> torch.Tensor:
     out = torch.empty(batch, q_heads, head_dim)
     for b in range(batch):
         n = int(lengths[b])
-        span = -(-n // block_n) * block_n if bug == "unmasked_tail" else n
+        span = ceil_div(n, block_n) * block_n if bug == "unmasked_tail" else n
         pos = torch.arange(span)
         blocks = {"logical_block": pos // block_size, "row_zero_table": tables[0, pos // block_size],
                   "table_row_stride": tables.flatten()[b + pos // block_size]}.get(bug, tables[b, pos // block_size])
@@ -616,7 +616,7 @@ def _decode_in_engine(kernel, lens: list[int], bs: int, steps: int) -> None:
     from engine.generate import cached_step, scratch_logits
     model = engine_model()
     prompts = [seeded_tokens(n, seed=60 + n) for n in lens]
-    blocks = sum(-(-(n + steps) // bs) for n in lens) + 4
+    blocks = sum(ceil_div(n + steps, bs) for n in lens) + 4
     cache = kernel_cache_class(kernel)(model.config, blocks, block_size=bs, attention="torch")
     seqs = list(range(len(lens)))
     for s in seqs:
@@ -662,7 +662,7 @@ def split_case(lens: list[int], num_splits: int, heads: int = 2, head_dim: int =
         values = torch.randn(heads, n, head_dim, generator=gen)
         if n:
             whole[b] = torch.einsum("hn,hnd->hd", torch.softmax(scores, dim=-1), values)
-        per = -(-n // num_splits) if n else 0
+        per = ceil_div(n, num_splits) if n else 0
         for s in range(num_splits):
             lo, hi = s * per, min(n, (s + 1) * per)
             if lo >= hi:

@@ -15,8 +15,8 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
-from engine.checks import (ATOL, CheckFailed, Proved, check, compare_logits, expect_equal, expect_raises, fail, passed,
-                           review_choice, review_number, served, tiny)
+from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, expect_raises,
+                           fail, passed, review_choice, review_number, served, tiny)
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -141,13 +141,13 @@ def _admit_keeps_the_margin(cls, proved: Proved) -> None:
     for prompt_len, fits in ((6, False), (9, False), (4, True)):
         sched, seq, before, got = _crowded_admit(cls, num_blocks=8, prompt_len=prompt_len, max_tokens=8)
         what = (f"one sequence running, 3 of 8 blocks free (blocks of 4), margin 2 blocks: admit of a "
-                f"{prompt_len}-token prompt (needs {-(-prompt_len // 4)} block(s) + 2)")
+                f"{prompt_len}-token prompt (needs {ceil_div(prompt_len, 4)} block(s) + 2)")
         if fits:
             expect_equal(got, prompt_len, f"{what} returned",
                          "the prompt and the margin fit exactly: free blocks >= needed + margin admits")
             continue
         if got:
-            blocks = -(-prompt_len // 4)
+            blocks = ceil_div(prompt_len, 4)
             hint = NO_ROOM_CHECK if blocks > 3 else (
                 f"the prompt fits but leaves {3 - blocks} free block(s), fewer than margin() = 2: " + NO_ROOM_CHECK)
             fail(f"{what}: returned", 0, got, hint)
@@ -620,7 +620,7 @@ def pressure_engine(sched_cls, cache_cls, block_size: int = 4, seed: int = 0):
     prompts = [seeded_tokens(n, seed=seed * 100 + i) for i, n in enumerate(lengths)]
     params = SamplingParams(max_tokens=21, ignore_eos=True)
     # Room for the longest request plus 4 blocks; victims of 6 blocks or more swap, shorter ones recompute.
-    cache = cache_cls(tiny().config, -(-(4 * bs + 3 + 21) // bs) + 4, block_size=bs)
+    cache = cache_cls(tiny().config, ceil_div(4 * bs + 3 + 21, bs) + 4, block_size=bs)
     config = SchedulerConfig(max_batched_tokens=4 * bs, margin_blocks=1, watermark=0.0,
                              preemption="auto", swap_min_tokens=6 * bs)
     engine = _engine(sched_cls, cache, config, keep_logits=True)

@@ -18,7 +18,7 @@ import torch
 
 import engine.checkpoint  # noqa: F401  (tiny() builds the model with it: imported before any cell)
 from engine.cache.prefix import PrefixCache
-from engine.checks import (CheckFailed, check, compare_logits, expect_equal, fail, passed, review_choice,
+from engine.checks import (CheckFailed, ceil_div, check, compare_logits, expect_equal, fail, passed, review_choice,
                            review_number, tiny, where_it_lives)
 from engine.generate import cached_step, scratch_logits
 from engine.seeded import seeded_tokens
@@ -571,7 +571,7 @@ def check_int8_logits(cls, block_size: int = 4, seed: int = 0, steps: int = 20) 
     bs = block_size
     lengths = [bs - 1, bs, bs + 1, 2 * bs + 1]
     prompts = {s: seeded_tokens(n, seed=100 * seed + s) for s, n in enumerate(lengths)}
-    cache = _cache(_audited(cls), num_blocks=5 * (-(-(2 * bs + 1 + steps) // bs) + 1), block_size=bs)
+    cache = _cache(_audited(cls), num_blocks=5 * (ceil_div(2 * bs + 1 + steps, bs) + 1), block_size=bs)
     run = _Recorder(cls, cache)
     audit = "the first write that breaks the rule of Exercise 8.1: "
     run.diagnose = lambda: (audit + cache.audit_problem.replace(". Hint: ", "; its hint: ")
@@ -742,7 +742,7 @@ def check_review_mla_block(answer) -> None:
 def check_review_table_entries(answer) -> None:
     """R3: block-table entries of one 100,000-token sequence in blocks of 48: ceil(100000 / 48) = 2,084."""
     tokens, size = R3["tokens"], R3["block_size"]
-    want = -(-tokens // size)
+    want = ceil_div(tokens, size)
     review_number(answer, "R3", "r3_answer", want,
                   f"{want:,} entries: {tokens // size:,} full blocks and one partial block of "
                   f"{tokens % size} tokens",
@@ -750,5 +750,5 @@ def check_review_table_entries(answer) -> None:
                   f"tokens", f"one entry per block: ceil({tokens:,} / {size})",
                   {tokens // size: "the last, partial block needs an entry too: round up",
                    tokens / size: "a table holds whole blocks: round up to a whole number",
-                   -(-tokens // 16): f"that is for blocks of 16; the question asks for blocks of {size}",
+                   ceil_div(tokens, 16): f"that is for blocks of 16; the question asks for blocks of {size}",
                    tokens * size: "entries = tokens / block size, not times"})
