@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     root = repo_root()
     from engine.tools import cli_args
 
-    from .write_guard import path_text
+    from engine.tools.cli_args import path_text
     parser = cli_args.Parser(prog="python -m engine.course.book", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instructor", action="store_true", help="show the solutions")

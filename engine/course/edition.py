@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     """Build the student edition; a bad argument is refused in one line, exit 2, before anything is written."""
     from engine.tools import cli_args
 
-    from .write_guard import path_text
+    from engine.tools.cli_args import path_text
     parser = cli_args.Parser(prog="python -m engine.course.edition", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chapters", required=True, help="chapters to hand out, e.g. ch02,ch03 (chNN or the "

@@ -135,16 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     that is no chapter source or is given twice, an --out or --work that is a file, the repository or
     one of its sources, a --work holding files release did not write) is refused in one line, exit 2,
     before anything is written."""
-    from .write_guard import folder_refusal, path_text
+    from .write_guard import folder_refusal
     root = repo_root()
     from engine.tools import cli_args
     parser = cli_args.Parser(prog="python -m engine.course.release", description=__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapters", nargs="*", help="chapter sources (default: solutions/ch*.py; naming some "
                         "releases only those, the other notebooks in --out stay)")
-    parser.add_argument("--out", type=path_text("--out"), default=root / "notebooks",
+    parser.add_argument("--out", type=cli_args.path_text("--out"), default=root / "notebooks",
                         help="where the notebooks go")
-    parser.add_argument("--work", type=path_text("--work"), default=root / "build" / "release-course",
+    parser.add_argument("--work", type=cli_args.path_text("--work"), default=root / "build" / "release-course",
                         help="scratch nbgrader course directory (emptied first: new, empty, or an earlier one)")
     args = parser.parse_args(argv)
     seen: dict[Path, str] = {}

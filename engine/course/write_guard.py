@@ -6,14 +6,14 @@ its tracked sources: the folder would be emptied, overwritten, or (for engine/) 
 
     refusal(option, path)        why `path` may not be written, '' when it may (the repository rule)
     folder_refusal(option, path) the same, plus: not a file, and its nearest existing parent is a folder
-    unmakeable_parent(path)      the file in the way of making `path`, or None  (engine/tools/cli_args.py)
-    path_text(option)            an argparse type: a path that is not the empty text  (engine/tools/cli_args.py)
+
+It uses engine/tools/cli_args.py's `unmakeable_parent`; the commands take `path_text` from there too.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from engine.tools.cli_args import path_text, unmakeable_parent  # noqa: F401  (the course's commands use both)
+from engine.tools.cli_args import unmakeable_parent
 
 from .paths import repo_root
 
