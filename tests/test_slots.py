@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.cache.slots import blocks_needed, check_block_size, physical_slot, slot_index, slot_mapping
+from engine.cache.slots import blocks_needed, ceil_div, check_block_size, physical_slot, slot_index, slot_mapping
 
 
 def test_the_worked_example():
@@ -24,6 +24,15 @@ def test_every_position_of_a_table_gets_a_distinct_slot_in_its_own_block():
 ])
 def test_blocks_needed_is_the_ceiling(tokens, size, expected):
     assert blocks_needed(tokens, size) == expected
+
+
+@pytest.mark.parametrize("a, b, expected", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (7, 1, 7), (-3, 4, 0)])
+def test_ceil_div_rounds_up(a, b, expected):
+    assert ceil_div(a, b) == expected
+
+
+def test_ceil_div_agrees_with_blocks_needed():
+    assert all(ceil_div(n, b) == blocks_needed(n, b) for n in range(70) for b in (1, 3, 16))
 
 
 @pytest.mark.parametrize("bad", [0, -4, 2.0, "16", True, None])

@@ -19,6 +19,14 @@ def check_block_size(block_size) -> int:
     return block_size
 
 
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up, for b > 0: the runtime's and the checks' one home for block counts and padded tiles.
+
+    Untaught on purpose, so it works in every chapter's engine; the taught `blocks_needed` keeps its own body.
+    """
+    return -(-a // b)
+
+
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """How many blocks hold num_tokens tokens: num_tokens / block_size, rounded up."""
     check_block_size(block_size)

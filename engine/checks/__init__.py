@@ -26,6 +26,9 @@ from typing import Any, Callable, NoReturn
 
 import torch
 
+# The runtime's ceiling division (untaught, so never a learner's stub): checks and engine count blocks alike.
+from engine.cache.slots import ceil_div
+
 __all__ = [
     "ceil_div",
     "CheckFailed",
@@ -55,12 +58,6 @@ _CHECKS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 class CheckFailed(AssertionError):
     """A check found a difference. The message says what was expected, what came back, and a hint."""
-
-
-def ceil_div(n: int, d: int) -> int:
-    """n / d rounded up (block counts, padded tiles). The checks keep this one rule of their own: the
-    engine's `blocks_needed` is taught, so in a learner's engine it may be the learner's or a stub."""
-    return -(-n // d)
 
 
 def fail(what: str, expected: Any = None, got: Any = None, hint: str | None = None) -> NoReturn:

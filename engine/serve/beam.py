@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.cache.slots import ceil_div
 from engine.serve.engine import ModelRunner
 
 
@@ -93,4 +94,4 @@ def beam_search(model, cache, prompt: list[int], width: int, max_tokens: int,
         for seq in live:
             cache.free(seq)
     longest = len(prompt) + max_tokens - 1
-    return BeamResult(beams, peak, width * -(-longest // cache.block_size))
+    return BeamResult(beams, peak, width * ceil_div(longest, cache.block_size))

@@ -19,6 +19,7 @@ from collections import deque
 from typing import Iterator
 
 from engine.cache.protocol import capabilities
+from engine.cache.slots import ceil_div
 from engine.serve.batch import Chunk, SchedulerConfig
 from engine.serve.prefix_sharing import PrefixSharing
 from engine.serve.request import RequestTooLarge, Sequence, Status, make_generator
@@ -44,7 +45,7 @@ class Scheduler(PrefixSharing):
     # ---- memory arithmetic -------------------------------------------------------------------
     def blocks_for(self, tokens: int) -> int:
         """Blocks that hold `tokens` positions."""
-        return -(-tokens // self.cache.block_size)
+        return ceil_div(tokens, self.cache.block_size)
 
     def capacity_tokens(self) -> int:
         """The most KV positions one sequence could ever get: the whole pool (or the largest slot)."""
