@@ -7,7 +7,7 @@ with BUG=n through the same launcher call a learner's kernel gets.
 import pytest
 import torch
 
-import engine.attention as attention_pkg
+import engine.attention.triton_setup as attention_pkg  # the Triton setup, where its monkeypatches take effect
 from engine.checks import ch06
 from fixtures.check_support import fails, fails_with, hosted, passes
 

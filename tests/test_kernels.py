@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import engine.attention as attention_pkg
+import engine.attention.triton_setup as triton_setup
 from engine.attention import paged_attention
 from engine.attention.paged_reference import gather_history, paged_attention_reference
 from engine.attention.reference import attention
@@ -471,7 +472,7 @@ def test_split_heuristic_splits_only_when_the_gpu_would_idle(monkeypatch):
 
 def test_triton_missing_gives_a_clear_error(monkeypatch):
     """Without triton (macOS, Windows) backend="triton" says why and where the kernels do run."""
-    monkeypatch.setattr(attention_pkg, "triton_installed", lambda: False)
+    monkeypatch.setattr(triton_setup, "triton_installed", lambda: False)
     k_pool, v_pool, tables, kv_lens = make_pool([4])
     q = make_queries(1, 2, 1, 32, torch.float32)
     with pytest.raises(attention_pkg.TritonUnavailable, match="Linux wheels only.*WSL2.*hosted notebook"):
@@ -502,15 +503,15 @@ def test_interpreter_switch_must_come_before_the_kernels(monkeypatch):
     """Without CUDA the helper turns the interpreter on, unless the kernels were already compiled: then it says so."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for name in attention_pkg.KERNEL_MODULES:
+    for name in triton_setup.KERNEL_MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
-    assert attention_pkg.use_interpreter_without_gpu() is True
-    assert attention_pkg.os.environ["TRITON_INTERPRET"] == "1"
+    assert triton_setup.use_interpreter_without_gpu() is True
+    assert os.environ["TRITON_INTERPRET"] == "1"
     monkeypatch.delenv("TRITON_INTERPRET")
     compiled = SimpleNamespace(INTERPRETED=False)  # a kernel module that defined its kernels for a GPU
-    monkeypatch.setitem(sys.modules, attention_pkg.KERNEL_MODULES[0], compiled)
+    monkeypatch.setitem(sys.modules, triton_setup.KERNEL_MODULES[0], compiled)
     with pytest.raises(RuntimeError, match="Set TRITON_INTERPRET=1 before the first import"):
-        attention_pkg.use_interpreter_without_gpu()
+        triton_setup.use_interpreter_without_gpu()
 
 
 # ----- compiled on a GPU: realistic shapes ------------------------------------------------------------

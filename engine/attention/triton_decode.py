@@ -32,7 +32,7 @@ import types
 
 import torch
 
-from engine.attention import prepare_triton
+from engine.attention.triton_setup import prepare_triton
 
 INTERPRETED = prepare_triton()  # before `import triton`: kernels are interpreted or compiled when defined
 

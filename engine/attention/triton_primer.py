@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import prepare_triton
+from engine.attention.triton_setup import prepare_triton
 
 INTERPRETED = prepare_triton()  # before `import triton`: kernels are interpreted or compiled when defined
 

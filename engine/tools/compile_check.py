@@ -51,7 +51,7 @@ def arch(text: str) -> int:
 
 def _compile_mode(arch: int, records: list[dict]) -> None:
     """Make every JITFunction launch compile for `arch` instead of running (this process only)."""
-    import engine.attention as attention
+    import engine.attention.triton_setup as attention  # prepare_triton looks the switch up there
     os.environ.pop("TRITON_INTERPRET", None)
     attention.use_interpreter_without_gpu = lambda: False
     from triton.backends.compiler import GPUTarget
