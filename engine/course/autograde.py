@@ -423,13 +423,6 @@ def finish_grades(grades_csv: Path, flags_dir: Path, ids: dict[str, str], faults
         writer.writerows(rows)
 
 
-def add_flags(grades_csv: Path, flags_dir: Path) -> None:
-    """finish_grades() for a course whose folder names are its nbgrader ids (as nbgrader's exchange makes it)."""
-    with grades_csv.open(newline="") as handle:
-        ids = {row["student_id"]: row["student_id"] for row in csv.DictReader(handle)}
-    finish_grades(grades_csv, flags_dir, ids)
-
-
 def has_submissions(submissions: Path) -> bool:
     """Whether collect() would find anything in SUBMISSIONS: a student folder holding a *.ipynb entry,
     or an entry it reports as not gradable (a stray file, a link, a name that is not UTF-8)."""
