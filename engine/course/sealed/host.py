@@ -1,6 +1,6 @@
 """The host: the process that runs a notebook's cells and holds the learner's objects for the judge.
 
-`make grade` and nbgrader's autograde (through engine.course.nbgrader_course.SealedExecute) run a
+`make grade` and nbgrader's autograde (through engine.course.autograde_step.SealedExecute) run a
 learner's notebook in two processes (engine.course.kernel.SealedKernel). This one, the host, runs every
 cell (in the sandbox: engine.course.sandbox) and answers the requests of the judge
 (engine.course.sealed.judge), which runs the graded tests on the grader's own engine, decides from the
