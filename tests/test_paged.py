@@ -356,3 +356,32 @@ def test_shared_writes_lists_only_shared_blocks_the_new_tokens_land_in(tiny):
     assert cache.shared_writes(1, 1) == [] and cache.shared_writes(0, 1) == []
     with pytest.raises(ValueError, match="int >= 0"):
         cache.shared_writes(0, -1)
+
+
+def test_attend_stores_through_the_one_write_a_subclass_gives(tiny):
+    """attend (Triton or torch path) stores with `write`, the class's own: a learner's runs, nothing else."""
+    calls = []
+
+    class CountingWrite(PagedKVCache):
+        def write(self, layer, k, v, positions):
+            calls.append(layer)
+            return super().write(layer, k, v, positions)
+
+    cache = paged(tiny, cls=CountingWrite, attention="torch")
+    history = {0: [], 1: []}
+    for seq in history:
+        cache.create(seq)
+    assert step_and_compare(tiny, cache, history, {0: seeded_tokens(5, seed=1), 1: seeded_tokens(2, seed=2)}) < ATOL
+    assert calls == list(range(tiny.config.num_layers))
+
+
+def test_the_bookkeeping_lives_in_block_tables_under_the_old_names(tiny):
+    cache = paged(tiny)
+    cache.create(0)
+    cache.reserve(0, BS + 1)
+    assert cache.tables is cache.books.tables and cache.lengths is cache.books.lengths
+    assert cache.allocator is cache.books.allocator and cache.block_size == cache.books.block_size == BS
+    assert cache.k_pools is cache.pool.keys and cache.v_pools is cache.pool.values
+    wrapped = ShuffledAllocator(64)
+    cache.allocator = wrapped                            # a prefix cache wraps the allocator this way
+    assert cache.books.allocator is wrapped

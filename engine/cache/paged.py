@@ -4,6 +4,10 @@ Per layer the pool is `[num_blocks, kv_heads, block_size, head_dim]` for K and t
 Sequence `s` keeps a block table `tables[s]`: logical block i of `s` is physical block
 `tables[s][i]`. Blocks come from an allocator with reference counts, so several tables may name the
 same block (a fork, a prefix-cache hit); such a shared block is copied before anyone writes into it.
+
+Three pieces, one concern each: the bookkeeping (tables, lengths, refcounts: block_tables.py, no
+tensors), the storage (the K/V pools: kv_pool.py), and the methods the chapters teach, here, which
+join them. Attention over the pools is engine.attention's (`attend` only hands the pools over).
 """
 from __future__ import annotations
 
@@ -14,7 +18,9 @@ import torch
 from engine.attention import paged_attention
 from engine.attention.reference import attention as reference_attention
 from engine.cache.allocator import BlockAllocator
+from engine.cache.block_tables import BlockTables
 from engine.cache.errors import OutOfBlocks
+from engine.cache.kv_pool import KVPool
 from engine.cache.slots import blocks_needed, check_block_size, slot_mapping
 
 # "auto": Triton on CUDA, torch on CPU (engine.attention decides); "reference": update, then plain attention.
@@ -38,28 +44,50 @@ class PagedKVCache:
         """Allocate the K and V pools of every layer up front; `allocator` may be any BlockAllocator look-alike."""
         if attention not in ATTENTION_PATHS:
             raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
-        self.block_size = check_block_size(block_size)
-        self.allocator = BlockAllocator(num_blocks) if allocator is None else allocator
-        if getattr(self.allocator, "num_blocks", num_blocks) != num_blocks:
-            raise ValueError(f"the allocator manages {self.allocator.num_blocks} blocks, the pool has {num_blocks}")
+        allocator = BlockAllocator(num_blocks) if allocator is None else allocator
+        if getattr(allocator, "num_blocks", num_blocks) != num_blocks:
+            raise ValueError(f"the allocator manages {allocator.num_blocks} blocks, the pool has {num_blocks}")
+        self.swapped: dict[int, SwappedSequence] = {}
+        self.books = BlockTables(check_block_size(block_size), allocator, away=self.swapped)
         self.config, self.num_blocks, self.attention = config, num_blocks, attention
         self.device, self.dtype = torch.device(device), dtype
         shape = (num_blocks, config.num_kv_heads, block_size, config.head_dim)
-        self.k_pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v_pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.tables: dict[int, list[int]] = {}
-        self.lengths: dict[int, int] = {}
-        self.swapped: dict[int, SwappedSequence] = {}
+        self.pool = KVPool(config.num_layers, shape, dtype, device)
+        self.k_pools, self.v_pools = self.pool.keys, self.pool.values
         self.batch: list[int] = []
         self.block_tables = self.batch_lengths = self.batch_capacity = None
+
+    # ---- the bookkeeping, read and written through BlockTables (the same objects) ----
+
+    @property
+    def block_size(self) -> int:
+        """Token slots per block."""
+        return self.books.block_size
+
+    @property
+    def allocator(self):
+        """The reference-counting block allocator (a prefix cache may wrap it: the setter)."""
+        return self.books.allocator
+
+    @allocator.setter
+    def allocator(self, allocator) -> None:
+        self.books.allocator = allocator
+
+    @property
+    def tables(self) -> dict[int, list[int]]:
+        """Block table of each live sequence: logical block i is physical block tables[seq][i]."""
+        return self.books.tables
+
+    @property
+    def lengths(self) -> dict[int, int]:
+        """Tokens stored for each live sequence."""
+        return self.books.lengths
 
     # ---- the protocol: create, reserve, set_batch, update, length, free ----
 
     def create(self, seq: int) -> None:
         """Start an empty sequence: no blocks until reserve asks for them."""
-        if seq in self.tables or seq in self.swapped:
-            raise ValueError(f"sequence {seq} already exists")
-        self.tables[seq], self.lengths[seq] = [], 0
+        self.books.create(seq)
 
     def reserve(self, seq: int, n: int) -> None:
         """Make positions [length, length + n) writable; if they cannot be, raise
@@ -134,48 +162,21 @@ class PagedKVCache:
         return pool[slots // bs, :, slots % bs].transpose(1, 2)
 
     def attend(self, layer: int, q, k, v, positions: torch.Tensor) -> torch.Tensor:
-        """Store k, v, then attend q [B, Hq, T, D] through the block tables (Triton kernels read the pool in place)."""
+        """Store k, v with `write`, then attend q [B, Hq, T, D] over the pools through the block tables
+        (engine.attention picks the kernel; Triton's read the pool in place)."""
         if self.attention == "reference":            # gather a contiguous history, then plain attention
             keys, values, kv_lens = self.update(layer, k, v, positions)
             return reference_attention(q, keys, values, positions, kv_lens)
-        own_write = type(self).write is PagedKVCache.write  # a subclass's write (a learner's) always runs
-        kv_lens = self._write_planned(layer, k, v, positions) if own_write else self.write(layer, k, v, positions)
+        kv_lens = self.write(layer, k, v, positions)
         out = paged_attention(q.to(self.dtype), self.k_pools[layer], self.v_pools[layer], self.block_tables,
                               positions, kv_lens, backend=self.attention)
         return out.to(q.dtype)
-
-    def _write_planned(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
-        """`write`, with the slot mapping worked out once per forward instead of once per layer.
-
-        Every layer of a forward gets the same positions tensor, so layer 0 plans where each token
-        goes (and checks the positions) and the other layers reuse the plan.
-        """
-        if layer == 0 or getattr(self, "_plan", (None,))[0] is not positions:
-            self.check_positions(positions)
-            valid = positions >= 0
-            slots = slot_mapping(self.block_tables, positions, self.block_size)[valid]
-            newest = torch.where(valid, positions + 1, 0)
-            kv_lens = torch.cat([self.batch_lengths[:, None], newest], dim=1).amax(dim=1)
-            rows = None if bool(valid.all()) else valid        # no padding: every token is written
-            self._plan = (positions, rows, slots // self.block_size, slots % self.block_size, kv_lens)
-        _, rows, blocks, offsets, kv_lens = self._plan
-        for pool, new in ((self.k_pools[layer], k), (self.v_pools[layer], v)):
-            tokens = new.transpose(1, 2)
-            tokens = tokens.flatten(0, 1) if rows is None else tokens[rows]
-            pool[blocks, :, offsets] = tokens.to(self.dtype)
-        if layer == len(self.k_pools) - 1:
-            for seq, n in zip(self.batch, kv_lens.tolist()):
-                self.lengths[seq] = n
-            self.batch_lengths = kv_lens
-            self._plan = (None,)
-        return kv_lens
 
     def length(self, seq: int) -> int:
         """Tokens stored for seq (also while it is swapped out)."""
         if seq in self.swapped:
             return self.swapped[seq].length
-        self.table(seq)
-        return self.lengths[seq]
+        return self.books.length(seq)
 
     def free(self, seq: int) -> None:
         """Forget seq: each of its blocks loses one owner; blocks nobody else names
@@ -205,24 +206,12 @@ class PagedKVCache:
     def share_blocks(self, seq: int, blocks) -> None:
         """Append blocks that already hold seq's next positions (a prefix-cache hit),
         each with one more owner."""
-        table, blocks = self.table(seq), list(blocks)
-        for block in blocks:                  # all checked before any is shared
-            if self.allocator.refcount(block) == 0:
-                raise ValueError(f"sequence {seq}: block {block} is free, so it holds "
-                                 "nobody's K/V to share")
-        for block in blocks:
-            self.allocator.share(block)
-        table.extend(blocks)
+        self.books.share_blocks(seq, blocks)
 
     def set_length(self, seq: int, length: int) -> None:
         """Record that seq's first `length` positions hold K/V written without update
         (a prefix hit, a simulation)."""
-        slots = len(self.table(seq)) * self.block_size
-        if isinstance(length, bool) or not isinstance(length, int) \
-                or not 0 <= length <= slots:
-            raise ValueError(f"sequence {seq}: length {length!r} is outside the "
-                             f"{slots} slots of its blocks")
-        self.lengths[seq] = length
+        self.books.set_length(seq, length)
 
     # ---- sharing: fork and copy-on-write (chapter 4) ----
 
@@ -311,27 +300,17 @@ class PagedKVCache:
 
     def table(self, seq: int) -> list[int]:
         """seq's block table, or a KeyError that says why there is none."""
-        if seq not in self.tables:
-            why = "swapped out (swap_in first)" if seq in self.swapped else "unknown (create it first)"
-            raise KeyError(f"sequence {seq} is {why}")
-        return self.tables[seq]
+        return self.books.table(seq)
 
     def shared_writes(self, seq: int, n: int) -> list[int]:
         """Table indices that n new tokens of seq write into while another owner still
         names the block."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"can only reserve an int >= 0 of tokens, got {n!r}")
-        table, start = self.table(seq), self.lengths[seq]
-        end = min(len(table), blocks_needed(start + n, self.block_size)) if n else 0
-        return [i for i in range(start // self.block_size, end)
-                if self.allocator.refcount(table[i]) > 1]
+        return self.books.shared_writes(seq, n)
 
     def blocks_wanted(self, seq: int, n: int) -> int:
         """Free blocks reserve(seq, n) would take: new blocks plus copies of shared
         blocks it writes into."""
-        copies = self.shared_writes(seq, n)
-        needed = blocks_needed(self.lengths[seq] + n, self.block_size)
-        return len(copies) + max(0, needed - len(self.tables[seq]))
+        return self.books.blocks_wanted(seq, n)
 
     def check_positions(self, positions: torch.Tensor) -> None:
         """Refuse a batch set_batch did not name, writes below a row's length (history is immutable) and

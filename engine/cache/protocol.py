@@ -151,7 +151,15 @@ _MEMBERS = {protocol: protocol_members(protocol)
             for protocol in (KVCache, PagedCache, SwappableCache, UpFrontCache, SlotCache)}
 
 
+def kv_lengths(positions: torch.Tensor, old_lengths: torch.Tensor) -> torch.Tensor:
+    """The kv-length rule, the one home of it: each row's length after a step, [B] long, is
+    max(old length, highest position + 1); padding (-1) adds nothing, so a row of padding keeps its length."""
+    newest = torch.where(positions >= 0, positions + 1, 0)           # one past each written position
+    old = old_lengths.to(device=positions.device, dtype=newest.dtype)
+    return torch.cat([old[:, None], newest], dim=1).amax(dim=1)
+
+
 def new_lengths(positions: torch.Tensor, old_lengths: Sequence[int]) -> list[int]:
-    """Each row's length after this step: one past its highest position, never shorter than before."""
-    highest = positions.max(dim=1).values.tolist()
-    return [max(old, int(top) + 1) for old, top in zip(old_lengths, highest)]
+    """Each row's length after this step: one past its highest position, never shorter than before
+    (kv_lengths, on a list of ints)."""
+    return kv_lengths(positions, torch.tensor(list(old_lengths), dtype=torch.long)).tolist()

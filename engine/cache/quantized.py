@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.reference import attention as reference_attention
+from engine.cache.kv_pool import KVPool
 from engine.cache.paged import PagedKVCache, SwappedSequence
+from engine.cache.protocol import kv_lengths
 from engine.cache.slots import blocks_needed, slot_mapping
 from engine.errors import InputError
 
@@ -66,9 +68,8 @@ class QuantizedPagedKVCache(PagedKVCache):
         super().__init__(config, num_blocks, block_size, dtype=torch.int8, device=device,
                          allocator=allocator, attention="reference")
         self.read_dtype = dtype
-        shape = (num_blocks, config.num_kv_heads)
-        self.k_scales = [torch.zeros(shape, device=device) for _ in range(config.num_layers)]
-        self.v_scales = [torch.zeros(shape, device=device) for _ in range(config.num_layers)]
+        self.scales = KVPool(config.num_layers, (num_blocks, config.num_kv_heads), torch.float32, device)
+        self.k_scales, self.v_scales = self.scales.keys, self.scales.values
 
     # ---- quantize on write, dequantize on read (chapter 8's exercise) ----
 
@@ -129,20 +130,13 @@ class QuantizedPagedKVCache(PagedKVCache):
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Quantize k, v [B, Hkv, T, D] into the blocks of their positions; return kv_lens [B]."""
-        if self.block_tables is None or positions.shape[0] != len(self.batch):
-            raise ValueError(f"positions has {positions.shape[0]} rows but set_batch named {len(self.batch)}")
+        if layer == 0:
+            self.check_positions(positions)          # in reserved room, above the history
         valid = positions >= 0
-        outside = valid & ((positions < self.batch_lengths[:, None])
-                           | (positions >= self.batch_capacity[:, None]))
-        if bool(outside.any()):
-            row = int(outside.nonzero()[0, 0])
-            raise ValueError(f"sequence {self.batch[row]}: a position is below its stored length "
-                             f"{int(self.batch_lengths[row])} or past its reserved room")
         slots = slot_mapping(self.block_tables, positions, self.block_size)[valid]
         blocks, offsets = slots // self.block_size, slots % self.block_size
         self.store(layer, blocks, offsets, k.transpose(1, 2)[valid], v.transpose(1, 2)[valid])
-        newest = torch.where(valid, positions, -1).amax(dim=1) + 1 if positions.shape[1] else self.batch_lengths
-        kv_lens = torch.maximum(self.batch_lengths, newest)
+        kv_lens = kv_lengths(positions, self.batch_lengths)
         if layer == len(self.k_pools) - 1:          # the last layer commits the new lengths
             for seq, n in zip(self.batch, kv_lens.tolist()):
                 self.lengths[seq] = n
@@ -196,5 +190,4 @@ class QuantizedPagedKVCache(PagedKVCache):
 
     def bytes_per_token(self) -> float:
         """Bytes of pool per token slot, measured from the tensors: codes plus scales."""
-        tensors = self.k_pools + self.v_pools + self.k_scales + self.v_scales
-        return sum(t.numel() * t.element_size() for t in tensors) / (self.num_blocks * self.block_size)
+        return (self.pool.nbytes + self.scales.nbytes) / (self.num_blocks * self.block_size)
