@@ -4,8 +4,9 @@ The cheap parts run in-process: the roster, the late-submission plugin, flag cod
 the wrong chapter. One flow with nbgrader's own commands (slow): `prepare` makes the course folder and
 gradebook with no submission; through the exchange ada submits twice (untouched, then the solution),
 bob submits the solution after the due date, cy hands in another chapter's notebook under ch98's
-name, eve leaves it untouched and dan hands in nothing; `grade` collects, grades, gives feedback and
-reports.
+name, eve leaves it untouched but adds a cell that replaces the checks with ones that always pass, and
+dan hands in nothing; `grade` collects, grades each submission in the sandbox, gives feedback and
+reports; nbgrader's own export agrees.
 """
 import csv
 from datetime import datetime, timedelta, timezone
@@ -17,6 +18,7 @@ from engine.course import cells, class_folder, reports
 from engine.course.class_folder import LatePenalty, read_roster
 from fixtures.course_support import (FIXTURE_CHAPTER, REPO, SEALED_CHAPTER, exchange_folders, expanded, nbgrader,
                                      sandbox_or_skip, stubbed)
+from fixtures.sealed_cases import NOOP_CHECKS
 
 ROSTER = """\
 [course]
@@ -120,12 +122,14 @@ def test_a_class_from_roster_to_reports_through_the_exchange():
             for cell in notebook.cells:
                 if cells.grade_id(cell) in solution:
                     cell.source = solution[cells.grade_id(cell)]
+        if work == "cheat":           # the checks replaced by ones that always pass: still nothing earned
+            notebook.cells.insert(3, nbformat.v4.new_code_cell(NOOP_CHECKS))
         nbformat.write(other_chapter if work == "other chapter" else notebook, path)
         nbgrader(home, "submit", "ch98", f"--student={student}", user=student, home=home)
 
     submit("ada", "untouched")
     submit("ada", "solution")        # the resubmission replaces the first
-    submit("eve", "untouched")
+    submit("eve", "cheat")
     submit("cy", "other chapter")
     # the due date moves to now (the instructor edits the roster and prepares again): bob is late
     due = datetime.now(timezone.utc) - timedelta(seconds=1)
@@ -141,7 +145,8 @@ def test_a_class_from_roster_to_reports_through_the_exchange():
     assert (rows["bob"]["raw_score"], rows["bob"]["late_penalty"], rows["bob"]["score"]) == ("5", "1.25", "3.75")
     assert "LATE" in rows["bob"]["flags"].split() and int(rows["bob"]["seconds_late"]) > 0
     assert (rows["cy"]["score"], rows["cy"]["flags"]) == ("0", "WRONGCH")
-    assert (rows["eve"]["score"], rows["eve"]["flags"]) == ("0", "")
+    assert rows["eve"]["score"] == "0"
+    assert (course / "sandbox" / "work" / "ada" / "ch98").is_dir()   # each graded in its own sandbox folder
     assert rows["bob"]["due"].startswith(due.strftime("%Y-%m-%d %H:%M"))
 
     history = [r for r in csv.DictReader((course / "submissions.csv").open()) if r["student_id"] == "ada"]
@@ -167,6 +172,10 @@ def test_a_class_from_roster_to_reports_through_the_exchange():
     by_id = {row[2]: row for row in exported[2:]}
     assert by_id["ada"] == ["Lovelace, Ada", "", "ada", "ada@example.edu", "", "5", "5"]
     assert by_id["bob"][5:] == ["3.75", "3.75"] and by_id["dan"][5:] == ["", "0"]
+
+    nbgrader(course, "export", "--to", str(course / "nbgrader-grades.csv"), user="grace")
+    raw = {r["student_id"]: float(r["raw_score"]) for r in csv.DictReader((course / "nbgrader-grades.csv").open())}
+    assert (raw["ada"], raw["eve"], raw["cy"]) == (5.0, 0.0, 0.0)
 
     # the feedback was released: ada fetches it
     nbgrader(homes / "ada", "fetch_feedback", "ch98", "--student=ada", user="ada", home=homes / "ada")
