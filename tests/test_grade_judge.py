@@ -164,3 +164,54 @@ def test_methods_inherited_from_torch_are_not_handed_out():
     assert _engine_object(model) and _engine_object(model.forward)
     for method in (model.register_forward_hook, model.load_state_dict, model.to, model.parameters):
         assert not _engine_object(method), method
+
+
+def test_a_method_called_in_a_loop_costs_one_request_per_call(pair):
+    judge, host, objects = pair
+    cache = judge.request("lookup", None)["cache"]
+    asked = []
+    ask = judge._request
+    judge._request = lambda op, *rest: (asked.append(op), ask(op, *rest))[1]
+    for _ in range(3):
+        cache.draw(torch.Generator().manual_seed(1))
+    assert asked == ["getattr", "callmethod", "callmethod", "callmethod"]     # was: getattr and call, each time
+    objects["cache"].draw = lambda generator: -1       # set on the object later: the next call finds it
+    assert cache.draw(torch.Generator()) == -1
+    objects["cache"].draw = 5
+    with pytest.raises(TypeError):
+        cache.draw(torch.Generator())
+
+
+def test_callmethod_is_guarded_as_the_attribute_it_reads():
+    from engine.cache.allocator import BlockAllocator
+    allocator = BlockAllocator(4)
+    guard("callmethod", allocator, ["allocate", 1])
+    for name in ("__init__", "_free", "__reduce_ex__"):
+        with pytest.raises(PermissionError):
+            guard("callmethod", allocator, [name])
+
+
+def test_a_method_reference_for_an_object_never_handed_out_is_refused(pair):
+    judge, _, _ = pair
+    with pytest.raises(ValueError):
+        judge.decode({"~": "method", "owner": "L", "id": 12345, "name": "draw"})
+    with pytest.raises(ValueError):                  # a method of the judge's own object, named by the host
+        judge.decode({"~": "method", "owner": "T", "id": 12345, "name": "draw"})
+
+
+def test_each_notebook_gets_a_fresh_fork_of_the_warm_judge(tmp_path):
+    """Two notebooks graded one after the other: each by its own fork of the warm process, which ends
+    with its notebook; the second does not see what the first defined."""
+    from engine.course.kernel import SealedKernel
+    from engine.course.sealed import warm
+    plan = {"preimport": ["engine"], "graded": {}, "graded_by_cell": {}, "judge_cells": [], "references": []}
+    seen = []
+    for number in range(2):
+        with SealedKernel(plan, cwd=tmp_path) as kernel:
+            assert isinstance(kernel.process, warm.Forked), "the judge was not forked from the warm process"
+            run = kernel.run_cell("print(x)" if number else "x = 41 + 1\nprint(x)", "learner", "a", 60)
+            assert (run.status, run.outputs[-1].get("ename") if number else run.outputs[0]["text"]) == (
+                ("error", "NameError") if number else ("ok", "42\n"))
+            seen.append(kernel.process)
+        assert kernel.process is None and seen[-1].poll() is not None
+    assert seen[0].pid != seen[1].pid

@@ -109,6 +109,9 @@ ENDED = ("the process running the notebook ended during this cell (for example o
          "or a crash); it was restarted")
 
 
+_WARM_EXIT: list = []      # the atexit hook that ends the warm judges, once registered
+
+
 class SealedKernel:
     """The host (engine.course.sealed.host: the notebook's cells) and the judge (engine.course.sealed.judge:
     the graded tests and the key) as one kernel: cells in, signed results out.
@@ -117,11 +120,12 @@ class SealedKernel:
     `wrap` (optional) turns the host's command line into a sandboxed one (engine.course.sandbox);
     `host_home` is the folder of the engine the host imports (engine.course.edition.host_engine).
     Results are accepted only when signed with the key this object sent the judge and numbered in order.
+    `warm`: the judge is forked from a process that imported the grader's engine once (sealed/warm.py).
     """
 
     def __init__(self, plan: dict, cwd: Path, env: dict | None = None, wrap=None, startup_timeout: float = 180,
-                 host_home: str | None = None):
-        self.plan, self.cwd, self.env, self.wrap = plan, Path(cwd), env, wrap
+                 host_home: str | None = None, warm: bool = True):
+        self.plan, self.cwd, self.env, self.wrap, self.warm = plan, Path(cwd), env, wrap, warm
         self.startup_timeout = startup_timeout
         self.process = self.host = None
         self.host_home = host_home or ENGINE_HOME
@@ -165,12 +169,13 @@ class SealedKernel:
         command_read, command_write = os.pipe()
         result_read, result_write = os.pipe()
         self.judge_dir = tempfile.mkdtemp(prefix="paged-kv-judge-")
-        argv = worker_argv("from engine.course.sealed.judge import main; main()") + [
-            str(command_read), str(result_write), str(judge_end.fileno())]
-        self.process = subprocess.Popen(argv, cwd=self.judge_dir, env=self.env,
-                                        pass_fds=(command_read, result_write, judge_end.fileno()),
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        fds = (command_read, result_write, judge_end.fileno())
+        self.process = self._warm_judge(fds) if self.warm else None
+        if self.process is None:
+            argv = worker_argv("from engine.course.sealed.judge import main; main()") + [str(fd) for fd in fds]
+            self.process = subprocess.Popen(argv, cwd=self.judge_dir, env=self.env, pass_fds=fds,
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True)
         judge_end.close()
         os.close(command_read)
         os.close(result_write)
@@ -182,6 +187,16 @@ class SealedKernel:
         if ready is None:
             self.stop()   # __exit__ will not run for a failed __enter__: close the pipes here
             raise RuntimeError(f"the sealed grading worker did not start{self._why_no_start()}")
+
+    def _warm_judge(self, fds: tuple[int, int, int]):
+        """The judge forked from this grader's warm process (engine.course.sealed.warm), None if it has none."""
+        import atexit
+
+        from .sealed import warm
+        if not _WARM_EXIT:
+            _WARM_EXIT.append(atexit.register(warm.close_all))
+        return warm.judge(worker_argv("from engine.course.sealed.warm import main; main()"), fds, self.judge_dir,
+                          self.env, self.plan.get("preimport", []), timeout=self.startup_timeout)
 
     def _host_command(self, code: str, *arguments: str) -> list[str]:
         """The host's command line: its engine first, in the sandbox when `wrap` is given."""

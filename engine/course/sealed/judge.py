@@ -67,6 +67,8 @@ def guard(op: str, target, args: list) -> None:
         raise PermissionError("the grader answers requests on the objects it handed out only")
     if op == "write_into" and args[0] == "getattr":
         op, args = "getattr", args[1:]
+    if op == "callmethod":                # obj.name(...): the attribute read is what is guarded
+        op, args = "getattr", args[:1]
     if op in ("getattr", "setattr", "delattr"):
         name = args[0]
         if not isinstance(name, str) or (name.startswith("_") and not (op == "getattr" and name in _PLAIN_DUNDERS)):
@@ -108,9 +110,14 @@ def needed_cells(cells: list[tuple[str, str, str]]) -> set[str]:
 
 
 def main() -> None:
-    """Serve one grading run: the key and plan from the grader, the host on the third descriptor."""
+    """A judge started on its own: the descriptors on its command line."""
+    serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+
+
+def serve(command_fd: int, result_fd: int, host_fd: int) -> None:
+    """Serve one grading run: the key and plan from the grader on the command pipe, signed results on
+    the result pipe, the host on its socket (engine.course.sealed.warm forks a judge straight into this)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    command_fd, result_fd, host_fd = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     commands = os.fdopen(command_fd, "r", encoding="utf-8", closefd=True)
     results = os.fdopen(result_fd, "w", encoding="utf-8", closefd=True)
     plan = json.loads(commands.readline())

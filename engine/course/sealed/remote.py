@@ -99,6 +99,7 @@ class Channel:
         self.other = "T" if side == "L" else "L"
         self.objects: dict[int, object] = {}     # id -> object the other side holds a Remote for
         self.remotes: dict[int, Remote] = {}      # the other side's id -> our Remote (one per object)
+        self.methods: dict[int, set[str]] = {}    # the other side's id -> names that were methods of its class
         self.serve = serve                        # optional hook: serve(request) -> handled reply or None
         self.guard = None                         # optional: guard(op, target, args) may raise to refuse
         self.screen = None                        # optional: screen(value) -> False: not handed out
@@ -126,6 +127,13 @@ class Channel:
             return {"~": "ref", "owner": self.other, "id": value._id}
         if kind is _Live:                 # an attribute's list or dict: its owner was handed out already
             return self._encode_ref(value.value, screened=False)
+        if kind is _Method:               # a method of an object the other side holds: the object and a name
+            return {"~": "method", "owner": self.side, "id": id(value.target), "name": value.name}
+        if kind is _RemoteMethod:         # sent on as an argument: the other side's bound method itself
+            value = value._bound()
+            if isinstance(value, Remote) and value._channel is self:
+                return {"~": "ref", "owner": self.other, "id": value._id}
+            return self.encode(value, tensors, depth + 1)
         if isinstance(value, (type, types.FunctionType)) and self.side == "T" and _trusted_module(
                 getattr(value, "__module__", "") or "") and _resolve(*_name_of(value), any_kind=True) is value:
             return {"~": "class", "c": _name_of(value)}    # the host's own copy of the engine's class
@@ -236,6 +244,12 @@ class Channel:
                 remote = Remote(self, data["id"], data)
                 self.remotes[data["id"]] = remote
             return remote
+        if tag == "method":
+            owner = self.remotes.get(data.get("id")) if data.get("owner") == self.other else None
+            if owner is None or not isinstance(data.get("name"), str):
+                raise ValueError("a method of an object this side holds no reference to")
+            self.methods.setdefault(owner._id, set()).add(data["name"])
+            return _RemoteMethod(owner, data["name"])
         if tag == "tensor":
             return self._decode_tensor(data, tensors)
         if tag == "class" and self.side == "L":
@@ -478,7 +492,16 @@ class Channel:
             self.guard(op, target, args)
         if op == "getattr":
             value = getattr(target, args[0])
+            if len(args) == 1 and _class_method(target, args[0], value):
+                if self.screen is not None and not self.screen(value):
+                    raise PermissionError(f"the grader does not hand graded code a {type(value).__name__}")
+                return _Method(target, args[0])
             return _Live(value) if type(value) in _LIVE_TYPES else value
+        if op == "callmethod":            # getattr and call at once: what `obj.name(...)` does
+            value = getattr(target, args[0])
+            if self.screen is not None and not self.screen(value):
+                raise PermissionError(f"the grader does not hand graded code a {type(value).__name__}")
+            return value(*args[1:], **kwargs)
         if op == "copy":
             return target
         if op == "write_into":
@@ -570,6 +593,56 @@ def _learner_frames(tb) -> list:
     return frames[-12:]
 
 
+class _Method:
+    """A method of `target` found on its class (not set on the object): sent as the object and the name,
+    so the other side can call it later without asking for the attribute again."""
+
+    __slots__ = ("target", "name")
+
+    def __init__(self, target, name: str):
+        self.target, self.name = target, name
+
+
+def _class_method(target, name: str, value) -> bool:
+    """Whether `value`, just read as `target.name`, is a function of target's class bound to target."""
+    import inspect
+    if not isinstance(value, types.MethodType) or value.__self__ is not target or isinstance(target, type):
+        return False
+    if name in (getattr(target, "__dict__", None) or {}):
+        return False
+    return isinstance(inspect.getattr_static(type(target), name, None), types.FunctionType)
+
+
+class _RemoteMethod:
+    """`remote.name` where that name was a method of the remote object's class: calling it is one request
+    (`callmethod`: the owner reads the attribute again and calls what it finds, as `obj.name(...)` does
+    in one process), so a check that calls a method in a loop pays one round trip per call, not two.
+    Anything else done with it asks for the bound method itself."""
+
+    __slots__ = ("_owner", "_name")
+
+    def __init__(self, owner: "Remote", name: str):
+        self._owner, self._name = owner, name
+
+    def __call__(self, *args, **kwargs):
+        return self._owner._channel.request("callmethod", self._owner, self._name, *args, **kwargs)
+
+    def _bound(self):
+        return self._owner._channel.request("getattr", self._owner, self._name, True)
+
+    def __getattr__(self, name):
+        return getattr(self._bound(), name)
+
+    def __repr__(self):
+        return repr(self._bound())
+
+    def __eq__(self, other):
+        return type(other) is _RemoteMethod and other._owner is self._owner and other._name == self._name
+
+    def __hash__(self):
+        return hash((id(self._owner), self._name))
+
+
 class Remote:
     """An object that lives in the other process. Operations on it are requests to that process."""
 
@@ -586,6 +659,8 @@ class Remote:
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__") and name not in _FORWARDED_DUNDERS:
             raise AttributeError(name)
+        if name in self._channel.methods.get(self._id, ()):
+            return _RemoteMethod(self, name)       # a method once: the owner looks it up again at the call
         return self._ask("getattr", name)
 
     def __setattr__(self, name, value):

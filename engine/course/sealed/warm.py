@@ -1,0 +1,192 @@
+"""A judge kept warm: one process per grader that imports torch, the engine and the checks once, and
+forks a fresh judge for each notebook, so a notebook does not pay for those imports again.
+
+The warm process runs no cell of any notebook and never holds a key: each fork gets its descriptors (the
+grader's command and result pipes, its end of the host's socket) over a Unix socket, and its key and plan
+afterwards, on the command pipe, as a judge started on its own would. A fork is the warm process as it was
+before the fork: what one notebook's judge did stays in that fork.
+
+The grader (engine.course.kernel.SealedKernel) asks `judge(...)` for a judge; `None` means it starts one
+the plain way (a system without pidfd, a warm process that died).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+# What every judge imports, done once in the warm process (a plan's `preimport` is added as it comes).
+WARM_IMPORTS = ("torch", "engine.course.sealed.judge", "engine.checks")
+
+
+class Forked:
+    """A judge forked by the warm process, with what SealedKernel uses of a Popen: pid, poll, wait. It is
+    followed through a pidfd (the warm process is its parent and reaps it), so its pid is never reused
+    while this object says it runs."""
+
+    def __init__(self, pid: int, pidfd: int):
+        self.pid, self.pidfd, self.returncode = pid, pidfd, None
+
+    def poll(self):
+        if self.returncode is None and select.select([self.pidfd], [], [], 0)[0]:
+            self._ended()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None):
+        if self.returncode is None:
+            if not select.select([self.pidfd], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired("judge", timeout)
+            self._ended()
+        return self.returncode
+
+    def _ended(self) -> None:
+        os.close(self.pidfd)
+        self.returncode = 0    # its exit status belongs to the warm process; the grader reads only the end
+
+
+class Warm:
+    """The warm process of one grader, for one environment: started on the first request."""
+
+    def __init__(self, argv: list[str], env: dict | None):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.process = subprocess.Popen(argv + [str(theirs.fileno())], env=env, pass_fds=(theirs.fileno(),),
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        theirs.close()
+        self.sock, self.lock = ours, threading.Lock()
+
+    def fork(self, fds: tuple[int, int, int], cwd: str, env: dict | None, preimport: list[str],
+             timeout: float) -> Forked | None:
+        """A judge on the three descriptors, in `cwd` with `env`; None when the warm process did not answer."""
+        request = json.dumps({"cwd": cwd, "env": env, "preimport": list(preimport)}).encode()
+        with self.lock:
+            try:
+                self.sock.settimeout(timeout)
+                socket.send_fds(self.sock, [request], list(fds))
+                reply, got, _, _ = socket.recv_fds(self.sock, 1024, 1)
+            except OSError:
+                return None
+        try:
+            pid = json.loads(reply or b"{}").get("pid")
+        except ValueError:
+            pid = None
+        if not isinstance(pid, int) or len(got) != 1:
+            for fd in got:
+                os.close(fd)
+            return None
+        return Forked(pid, got[0])
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+_WARM: dict = {}
+_WARM_LOCK = threading.Lock()
+
+
+def judge(argv: list[str], fds: tuple[int, int, int], cwd: str, env: dict | None, preimport: list[str],
+          timeout: float = 120) -> Forked | None:
+    """A judge forked from this grader's warm process for `env` (started with `argv` on first use), or None."""
+    if not hasattr(os, "pidfd_open") or not hasattr(socket, "send_fds"):
+        return None
+    key = (tuple(argv), tuple(sorted((env or {}).items())))
+    with _WARM_LOCK:
+        warm = _WARM.get(key)
+        if warm is not None and warm.process.poll() is not None:
+            warm.close()
+            warm = None
+        if warm is None:
+            try:
+                warm = _WARM[key] = Warm(argv, env)
+            except OSError:
+                return None
+    forked = warm.fork(fds, cwd, env, preimport, timeout)
+    if forked is None:
+        with _WARM_LOCK:
+            if _WARM.get(key) is warm:
+                del _WARM[key]
+        warm.close()
+    return forked
+
+
+def close_all() -> None:
+    """End every warm process of this grader (at exit; a warm process also ends when its grader does)."""
+    with _WARM_LOCK:
+        for warm in _WARM.values():
+            warm.close()
+        _WARM.clear()
+
+
+def main() -> None:
+    """The warm process: import once, then fork a judge for each request until the grader hangs up."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    control = socket.socket(fileno=int(sys.argv[-1]))
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    _imports(WARM_IMPORTS)
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
+        except OSError:
+            return
+        if not message:
+            return
+        request = json.loads(message)
+        _imports(request.get("preimport", []))
+        pid = os.fork()
+        if pid == 0:
+            _become_judge(control, fds, request)
+        for fd in fds:
+            os.close(fd)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            control.sendall(json.dumps({"pid": None}).encode())
+            continue
+        socket.send_fds(control, [json.dumps({"pid": pid}).encode()], [pidfd])
+        os.close(pidfd)
+        _reap()
+
+
+def _become_judge(control: socket.socket, fds: list[int], request: dict) -> None:
+    """In the fork: a judge of its own session, folder and environment, on the descriptors it was sent."""
+    try:
+        control.close()
+        os.setsid()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request.get("env") or {})
+        import random
+        random.seed()                       # not the warm process's sequence: a fresh one, as a new process has
+        from engine.course.sealed import judge as judge_module
+        judge_module.serve(*fds)
+    except BaseException:  # noqa: BLE001 - a judge that cannot start ends; the grader sees it gone
+        pass
+    os._exit(0)
+
+
+def _imports(modules) -> None:
+    for module in modules:
+        try:
+            __import__(module)
+        except Exception:  # a broken import fails in the judge, with its own message
+            pass
+
+
+def _reap() -> None:
+    """Collect the judges that ended (the pidfds the grader holds stay valid until it closes them)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
