@@ -79,6 +79,28 @@ def test_grades_csv_gets_the_folder_names_and_a_flags_column(tmp_path):
                                                "ch99,.dot,dot-1234abcd,0.0,not graded: ch99_fixture.ipynb: not JSON"]
 
 
+def test_no_feedback_step_when_nbgrader_autograded_nothing(tmp_path, monkeypatch):
+    """nbgrader's autograde failing on every submission is reported by student; the feedback step, which
+    would stop on "No notebooks were matched" and hide why, is not run."""
+    from engine.course import autograde as steps
+    ran = []
+
+    def tolerant(course, step, *args):
+        ran.append(step)
+        return {("ch98", "ada"): "nbgrader autograde failed on it (course/logs/autograde-1.log)"}
+
+    monkeypatch.setattr(steps, "prepare_course", lambda *args, **kwargs: None)
+    monkeypatch.setattr(steps, "grade_submissions", lambda *args, **kwargs: None)
+    monkeypatch.setattr(steps, "enrol", lambda *args: None)
+    monkeypatch.setattr(steps, "run_tolerant", tolerant)
+    monkeypatch.setattr(steps, "run_nbgrader", lambda course, *args: open(args[-1], "w").write("student_id\n"))
+    write_notebook(expanded(FIXTURE_CHAPTER), tmp_path / "submissions" / "ada", FIXTURE_CHAPTER.stem)
+    steps.autograde(tmp_path / "submissions", tmp_path / "course", [FIXTURE_CHAPTER], progress=lambda line: None)
+    assert ran == ["autograde"]
+    assert [f.reason for f in not_graded(tmp_path / "course")] == [
+        "nbgrader autograde failed on it (course/logs/autograde-1.log)"]
+
+
 def test_every_folder_name_gets_an_id_nbgrader_can_take():
     odd = [".dot", "a*b?[c]", "with space", "ünï", "a,b", " x ", "ada"]
     ids = student_ids(odd)

@@ -370,7 +370,10 @@ def autograde(submissions: Path, course_dir: Path, chapters: list[Path],
         for (assignment, ident), why in run_tolerant(course_dir, "autograde", ALL_ASSIGNMENTS, "--create").items():
             faults.append(Fault(names.get(ident, ident), f"{assignment}", why, assignment))
     enrol(course_dir, sorted(roster.ids.values()))
-    if roster.copied:
+    # Feedback only for what nbgrader autograded: with none (autograde failed on every submission, each
+    # one a fault above with its log), nbgrader's feedback step would stop on "No notebooks were matched"
+    # and hide why.
+    if any((course_dir / "autograded").glob(f"*/{ALL_ASSIGNMENTS}/*.ipynb")):
         for (assignment, ident), why in run_tolerant(course_dir, "generate_feedback", ALL_ASSIGNMENTS).items():
             progress(f"no feedback for {shown(names.get(ident, ident))} {assignment}: {why}")
     grades = course_dir / "grades.csv"
