@@ -135,6 +135,83 @@ def tile_blocks(table_row, tile_start, stop, BLOCK_SIZE: tl.constexpr, BLOCK_N: 
     return block
 
 
+@triton.jit
+def query_operand(q, qk_scale, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """The group's query rows [ROWS, D_PAD] in the dtype the score products take.
+
+    tl.dot multiplies in the pool's dtype (float32 when DOT_FP32) and scales the scores after;
+    the elementwise "sum" path scales the float32 queries once here instead.
+    """
+    if USE_DOT:
+        if DOT_FP32:
+            q = q.to(tl.float32)
+    else:
+        q = q.to(tl.float32) * qk_scale
+    return q
+
+
+@triton.jit
+def slice_bounds(q_pos_ptr, kv_lens_ptr, seq, split, num_splits, BLOCK_N: tl.constexpr):
+    """[start, stop) of the keys split `split` of sequence `seq` attends (split-K slices).
+
+    Slices are whole tiles long, so every tile starts on a tile boundary (and a block boundary).
+    """
+    # The query at position p sees keys j <= p that are stored (j < kv_len); padding (p = -1) sees none.
+    last = tl.minimum(tl.load(q_pos_ptr + seq), tl.load(kv_lens_ptr + seq) - 1)
+    visible = tl.maximum(last + 1, 0)
+    per_split = tl.cdiv(tl.cdiv(visible, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    stop = tl.minimum(start + per_split, visible)
+    return start, stop
+
+
+@triton.jit
+def tile_scores(q, k, v, qk_scale, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Base-2 scores [ROWS, BLOCK_N] of the group's rows against one K tile, and the V tile in the
+    dtype `weighted_values` multiplies it in."""
+    if USE_DOT:
+        if DOT_FP32:                     # fp32 pools, and bf16 in the interpreter (its bf16 math is wrong):
+            k = k.to(tl.float32)         # full float32 products ("ieee"), never tf32's 10-bit mantissa
+            v = v.to(tl.float32)
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale   # [ROWS, BLOCK_N]
+        else:                            # fp16/bf16 operands, float32 accumulation, on tensor cores
+            scores = tl.dot(q, tl.trans(k)) * qk_scale
+    else:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)               # [ROWS, BLOCK_N]
+    return scores, v
+
+
+@triton.jit
+def weighted_values(p, v, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """p @ v of one tile: weights [ROWS, BLOCK_N] times values [BLOCK_N, D_PAD], summed in float32."""
+    if USE_DOT:
+        if DOT_FP32:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+    else:
+        pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    return pv
+
+
+@triton.jit
+def store_group(out_ptr, m_ptr, l_ptr, acc_ptr, m, l, acc, seq, split, num_splits, group, heads, is_head,
+                q_mask, dims, s_ob, s_oh, D_PAD: tl.constexpr, SPLIT: tl.constexpr):
+    """Write one group's result: with SPLIT the slice's partials (m in natural units, l, acc) into
+    [B, Hq, S] and [B, Hq, S, D_PAD]; else the normalized output rows."""
+    if SPLIT:
+        row = (seq * tl.num_programs(1) * group + heads) * num_splits + split   # index into [B, Hq, S]
+        tl.store(m_ptr + row, m * 0.6931471805599453, mask=is_head)           # base 2 -> natural: * ln 2
+        tl.store(l_ptr + row, l, mask=is_head)
+        tl.store(acc_ptr + row[:, None] * D_PAD + dims[None, :], acc, mask=is_head[:, None])
+    else:
+        out = acc / tl.where(l > 0, l, 1.0)[:, None]     # a row that saw no key: 0, not 0/0
+        tl.store(out_ptr + seq * s_ob + heads[:, None] * s_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
 @triton.jit(do_not_specialize=STEP_VARYING)
 def paged_decode_grouped_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv_lens_ptr, out_ptr,
                                 m_ptr, l_ptr, acc_ptr, group, qk_scale, num_splits,
@@ -158,18 +235,8 @@ def paged_decode_grouped_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv
     dim_ok = dims < HEAD_DIM
     q_mask = is_head[:, None] & dim_ok[None, :]
     q = tl.load(q_ptr + seq * s_qb + heads[:, None] * s_qh + dims[None, :], mask=q_mask, other=0.0)
-    # The query at position p sees keys j <= p that are stored (j < kv_len); padding (p = -1) sees none.
-    last = tl.minimum(tl.load(q_pos_ptr + seq), tl.load(kv_lens_ptr + seq) - 1)
-    visible = tl.maximum(last + 1, 0)
-    # Slices are whole tiles long, so every tile starts on a tile boundary (and a block boundary).
-    per_split = tl.cdiv(tl.cdiv(visible, num_splits), BLOCK_N) * BLOCK_N
-    start = split * per_split
-    stop = tl.minimum(start + per_split, visible)
-    if USE_DOT:
-        if DOT_FP32:
-            q = q.to(tl.float32)
-    else:
-        q = q.to(tl.float32) * qk_scale
+    start, stop = slice_bounds(q_pos_ptr, kv_lens_ptr, seq, split, num_splits, BLOCK_N)
+    q = query_operand(q, qk_scale, USE_DOT, DOT_FP32)
     m = tl.full([ROWS], float("-inf"), tl.float32)   # running max (base 2), one per query row
     l = tl.zeros([ROWS], tl.float32)                 # running sum of exp2(score - m)
     acc = tl.zeros([ROWS, D_PAD], tl.float32)        # running sum of exp2(score - m) * value
@@ -184,39 +251,16 @@ def paged_decode_grouped_kernel(q_ptr, k_pool, v_pool, tables_ptr, q_pos_ptr, kv
                     mask=kv_mask, other=0.0)
         v = tl.load(v_pool + block[:, None] * s_vn + kv_head * s_vh + slot[:, None] * s_vs + dims[None, :],
                     mask=kv_mask, other=0.0)
-        if USE_DOT:
-            if DOT_FP32:                     # fp32 pools, and bf16 in the interpreter (its bf16 math is wrong):
-                k = k.to(tl.float32)         # full float32 products ("ieee"), never tf32's 10-bit mantissa
-                v = v.to(tl.float32)
-                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale   # [ROWS, BLOCK_N]
-            else:                            # fp16/bf16 operands, float32 accumulation, on tensor cores
-                scores = tl.dot(q, tl.trans(k)) * qk_scale
-        else:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)               # [ROWS, BLOCK_N]
+        scores, v = tile_scores(q, k, v, qk_scale, USE_DOT, DOT_FP32)
         scores = tl.where(in_range[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))    # finite: every tile has a key in range
         alpha = tl.exp2(m - m_new)                       # rescales what was summed against the old max
         p = tl.exp2(scores - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        if USE_DOT:
-            if DOT_FP32:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        else:
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + weighted_values(p, v, USE_DOT, DOT_FP32)
         m = m_new
-    if SPLIT:
-        row = (seq * tl.num_programs(1) * group + heads) * num_splits + split   # index into [B, Hq, S]
-        tl.store(m_ptr + row, m * 0.6931471805599453, mask=is_head)           # base 2 -> natural: * ln 2
-        tl.store(l_ptr + row, l, mask=is_head)
-        tl.store(acc_ptr + row[:, None] * D_PAD + dims[None, :], acc, mask=is_head[:, None])
-    else:
-        out = acc / tl.where(l > 0, l, 1.0)[:, None]     # a row that saw no key: 0, not 0/0
-        tl.store(out_ptr + seq * s_ob + heads[:, None] * s_oh + dims[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    store_group(out_ptr, m_ptr, l_ptr, acc_ptr, m, l, acc, seq, split, num_splits, group, heads, is_head,
+                q_mask, dims, s_ob, s_oh, D_PAD, SPLIT)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
