@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention.reference import attention
+from engine.blocks import ceil_div
 
 
 def check_paged_inputs(q, k_pool, v_pool, block_tables, q_positions, kv_lens) -> None:
@@ -60,7 +61,7 @@ def check_table_covers(block_tables: torch.Tensor, kv_lens: torch.Tensor, block_
     capacity = block_tables.shape[1] * block_size
     if longest > capacity:
         raise ValueError(
-            f"a kv_len of {longest} needs {-(-longest // block_size)} blocks of {block_size}, "
+            f"a kv_len of {longest} needs {ceil_div(longest, block_size)} blocks of {block_size}, "
             f"but block_tables has only {block_tables.shape[1]} columns"
         )
 

@@ -18,6 +18,7 @@ import torch
 from torch.nn.functional import scaled_dot_product_attention
 
 from engine.attention.reference import visibility_mask
+from engine.blocks import ceil_div
 
 
 class ReadPlan(NamedTuple):
@@ -102,7 +103,7 @@ def length_groups(lengths: list[int], group_cost: int = GROUP_COST_KEYS, most: i
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     best: tuple[int, list[list[int]]] | None = None
     for count in range(1, min(most, len(order)) + 1):
-        size = -(-len(order) // count)
+        size = ceil_div(len(order), count)
         groups = [order[start:start + size] for start in range(0, len(order), size)]
         padding = sum(len(group) * lengths[group[-1]] - sum(lengths[i] for i in group) for group in groups)
         cost = padding + group_cost * len(groups)
@@ -138,7 +139,7 @@ def _group_plan(block_tables, q_positions, kv_lens, block_size: int, rows: list[
         index = torch.tensor(rows, device=q_positions.device)
         block_tables, q_positions, kv_lens = block_tables[index], q_positions[index], kv_lens[index]
     longest = max(int(kv_lens.max()), 1)
-    count = -(-longest // block_size)
+    count = ceil_div(longest, block_size)
     # Table entries past a row's blocks are padding: read block 0 there, masked by kv_lens anyway.
     used = torch.arange(count, device=q_positions.device)[None, :] * block_size < kv_lens[:, None]
     blocks = torch.where(used, block_tables[:, :count].long(), 0).flatten()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable
 
-from engine.cache.slots import ceil_div, check_block_size
+from engine.blocks import ceil_div, check_block_size
 
 
 class BlockTables:

@@ -10,21 +10,7 @@ from typing import Sequence
 
 import torch
 
-
-def check_block_size(block_size) -> int:
-    """Return block_size if it is a positive int; otherwise raise a ValueError naming the value."""
-    # bool is a subclass of int, but block_size=True is always a mistake.
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    return block_size
-
-
-def ceil_div(a: int, b: int) -> int:
-    """a / b rounded up, for b > 0: the runtime's and the checks' one home for block counts and padded tiles.
-
-    Untaught on purpose, so it works in every chapter's engine; the taught `blocks_needed` keeps its own body.
-    """
-    return -(-a // b)
+from engine.blocks import ceil_div, check_block_size  # noqa: F401  (slots.check_block_size: the chapters import it here)
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:

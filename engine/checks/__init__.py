@@ -27,7 +27,7 @@ from typing import Any, Callable, NoReturn
 import torch
 
 # The runtime's ceiling division (untaught, so never a learner's stub): checks and engine count blocks alike.
-from engine.cache.slots import ceil_div
+from engine.blocks import ceil_div
 
 __all__ = [
     "ceil_div",

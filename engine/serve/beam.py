@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.cache.slots import ceil_div
+from engine.blocks import ceil_div
 from engine.serve.engine import ModelRunner
 
 

@@ -19,7 +19,7 @@ from collections import deque
 from typing import Iterator
 
 from engine.cache.protocol import capabilities
-from engine.cache.slots import ceil_div
+from engine.blocks import ceil_div
 from engine.serve.batch import Chunk, SchedulerConfig
 from engine.serve.prefix_sharing import PrefixSharing
 from engine.serve.request import RequestTooLarge, Sequence, Status, make_generator

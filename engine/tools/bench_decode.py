@@ -23,6 +23,7 @@ from engine.attention import choose_num_splits, prepare_triton, triton_installed
 from engine.attention.paged_reference import gather_history, paged_attention_reference
 from engine.tools.cli_args import Distinct, Parser, int_in, positive_float
 from engine.errors import InputError
+from engine.blocks import ceil_div
 
 # Peak HBM bandwidth in GB/s by a fragment of torch.cuda.get_device_name(); the first match wins, so the
 # specific names come first. None: a known name whose peak depends on the variant (pass --peak-gbs).
@@ -49,7 +50,7 @@ def peak_bandwidth(device_name: str, override: float | None = None) -> float | N
 def scrambled_batch(batch: int, context: int, dtype: torch.dtype, device, seed: int = 0):
     """A full pool of `batch` sequences of `context` tokens whose blocks are spread over it in random order."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    blocks_per_seq = -(-context // BLOCK_SIZE)
+    blocks_per_seq = ceil_div(context, BLOCK_SIZE)
     shape = (batch * blocks_per_seq, KV_HEADS, BLOCK_SIZE, HEAD_DIM)
     k_pool = torch.randn(shape, generator=gen, device=device, dtype=dtype)
     v_pool = torch.randn(shape, generator=gen, device=device, dtype=dtype)

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from engine.tools.cli_args import Parser, shown
+from engine.blocks import ceil_div
 
 ARCHES = {70: "V100", 75: "T4", 80: "A100", 86: "A10/RTX 30", 89: "L4/L40", 90: "H100/H200", 100: "B200",
           120: "RTX 50"}
@@ -117,10 +118,10 @@ def resource_usage(cubin: bytes) -> dict:
 def pool_case(batch: int, lens: list[int], kv_heads: int, head_dim: int, block_size: int, dtype, group: int,
               steps: int = 1):
     """CPU tensors shaped as the engine passes them (contiguous pools, tables, positions), values unused."""
-    blocks = sum(-(-n // block_size) for n in lens) + 1
+    blocks = sum(ceil_div(n, block_size) for n in lens) + 1
     pool = (blocks, kv_heads, block_size, head_dim)
     k_pool, v_pool = torch.zeros(pool, dtype=dtype), torch.zeros(pool, dtype=dtype)
-    tables = torch.zeros(batch, max(-(-n // block_size) for n in lens) + 3, dtype=torch.long)
+    tables = torch.zeros(batch, max(ceil_div(n, block_size) for n in lens) + 3, dtype=torch.long)
     kv_lens = torch.tensor(lens)
     q = torch.zeros(batch, kv_heads * group, steps, head_dim, dtype=dtype)
     positions = (kv_lens - steps)[:, None] + torch.arange(steps)[None, :]

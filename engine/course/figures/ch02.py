@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
+from engine.blocks import ceil_div
 
 
 def draw_block_table(table: Sequence[int], length: int, block_size: int) -> None:
@@ -51,7 +52,7 @@ def plot_block_size_tradeoff(sizes: Sequence[int], waste_percent: Sequence[float
 def draw_pool(owner: Mapping[int, int], num_blocks: int, per_row: int = 8) -> None:
     """One cell per physical block, `per_row` to a row, coloured by the sequence that owns it
     (white = free)."""
-    rows = -(-num_blocks // per_row)
+    rows = ceil_div(num_blocks, per_row)
     fig, ax = plt.subplots(figsize=(0.55 * per_row, 0.62 * rows + 0.6))
     colours = plt.get_cmap("tab10")
     for block in range(num_blocks):

@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from engine.course.figures import draw_slot_rows
+from engine.blocks import ceil_div
 
 
 def online_softmax_trace(scores: torch.Tensor, block_n: int) -> list[dict]:
@@ -82,11 +83,11 @@ def draw_kernel_walk(tables: torch.Tensor, lengths: Sequence[int], num_blocks: i
     tall = block_n > 8                     # rotated labels need room under the strip
     fig_tile, right = plt.subplots(figsize=(pitch * block_n + 0.6, 3.1 if tall else 1.9))
     n = lengths[seq]
-    tiles = -(-n // block_n)
+    tiles = ceil_div(n, block_n)
     positions = range(tile * block_n, (tile + 1) * block_n)
     read = {(int(tables[seq, p // block_size]), p % block_size): p for p in positions if p < n}
     owner = {int(b): (s, i) for s, row in enumerate(tables.tolist()) for i, b in enumerate(row)
-             if i < -(-lengths[s] // block_size)}
+             if i < ceil_div(lengths[s], block_size)}
     colours = plt.get_cmap("tab10")
 
     def row_label(block: int) -> str:

@@ -18,6 +18,7 @@ from engine.tools.bench import make_workload
 from engine.serve.engine import Engine
 from engine.serve.scheduler import SchedulerConfig
 from engine.tools.simulate import GPUS, BookkeepingPagedCache, Roofline, SimulatedRunner
+from engine.blocks import ceil_div
 
 KiB, MiB = 2 ** 10, 2 ** 20
 
@@ -127,7 +128,7 @@ def plot_block_tradeoff(per_token: dict[str, int], block_sizes: Sequence[int], c
              title="Bytes one block holds")
     left.legend(fontsize=11)
     fig_table, right = plt.subplots(figsize=(4.4, 3.3))
-    right.plot(block_sizes, [-(-context // b) for b in block_sizes], marker="o", color="tab:purple")
+    right.plot(block_sizes, [ceil_div(context, b) for b in block_sizes], marker="o", color="tab:purple")
     right.set(xscale="log", yscale="log", xlabel="block size (tokens)", ylabel="table entries",
               title=f"Block table of one {context:,}-token\nsequence")
     for figure, ax in ((fig, left), (fig_table, right)):

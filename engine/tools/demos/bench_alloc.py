@@ -12,6 +12,7 @@ import time
 
 from engine.cache.allocator import BlockAllocator
 from engine.tools.demos import emit
+from engine.blocks import ceil_div
 
 POOL_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 
@@ -38,7 +39,7 @@ def time_pool(num_blocks: int, ops: int, repeats: int) -> tuple[float, float]:
     allocator = BlockAllocator(num_blocks)
     allocator.allocate(num_blocks // 2)              # a pool in use, not a fresh one
     batch = min(BATCH, allocator.num_free)           # the same batch at every size: only the pool grows
-    done = -(-ops // batch) * batch                  # whole batches: slightly more than ops
+    done = ceil_div(ops, batch) * batch                  # whole batches: slightly more than ops
     gc.disable()                                     # as timeit does: no collector pauses inside a timing
     try:
         rounds = [timed_round(allocator, ops, batch) for _ in range(repeats)]
