@@ -1,5 +1,6 @@
 """`make student-edition`: what an instructor hands out holds no locked reference body, and every
-chapter runs in it: 0 untouched, full marks with the solution pasted in.
+chapter runs in it: full marks with the solution pasted in. Its notebooks are the release's own
+(notebooks/, the same text), which test_course_pipeline grades untouched to 0 on the whole engine.
 
 Each chapter k is handed out with every other chapter unlocked (the chapters before it, and those
 whose engine parts its decisive checks run: ch02's runs the paged cache of ch03 and ch04). Its own
@@ -62,20 +63,16 @@ def grade_in(edition, folder) -> dict:
 
 
 def build_and_grade() -> dict:
-    """{chapter: {"untouched": grade, "pasted": grade}}, each chapter in its own edition."""
+    """{chapter: the grade of its solution pasted into its release}, each chapter in its own edition."""
     from concurrent.futures import ThreadPoolExecutor
     jobs = []
     for chapter, path in CHAPTERS.items():
         out = EDITION / chapter
         build(out, [chapter], [c for c in CHAPTERS if c != chapter])
-        pasted = write_notebook(expanded(path), EDITION / f"{chapter}-pasted", path.stem).parent
-        jobs += [(chapter, "untouched", out, out / "notebooks"), (chapter, "pasted", out, pasted)]
+        jobs.append((out, write_notebook(expanded(path), EDITION / f"{chapter}-pasted", path.stem).parent))
     with ThreadPoolExecutor(2) as pool:
-        grades = list(pool.map(lambda job: grade_in(job[2], job[3]), jobs))
-    results: dict = {}
-    for (chapter, kind, _, _), grade in zip(jobs, grades):
-        results.setdefault(chapter, {})[kind] = grade
-    return results
+        grades = list(pool.map(lambda job: grade_in(*job), jobs))
+    return dict(zip(CHAPTERS, grades))
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +82,9 @@ def editions():
 
 
 @pytest.mark.parametrize("chapter", sorted(CHAPTERS))
-def test_each_chapter_scores_zero_untouched_and_full_with_the_solution_pasted(editions, chapter):
-    untouched, pasted = editions[chapter]["untouched"], editions[chapter]["pasted"]
-    assert untouched["earned"] == 0 and untouched["possible"] > 0, untouched
-    assert pasted["earned"] == pasted["possible"], [
+def test_each_chapter_scores_full_marks_with_the_solution_pasted_into_its_edition(editions, chapter):
+    pasted = editions[chapter]
+    assert pasted["possible"] > 0 and pasted["earned"] == pasted["possible"], [
         (e["grade_id"], e["message"]) for c in pasted["chapters"] for e in c["exercises"]
         if e["message"] and e["kind"] == "test" and e["earned"] != e["possible"]]
 
@@ -99,6 +95,8 @@ def test_no_locked_reference_body_is_findable(editions, chapter):
     assert (edition / "notebooks" / f"{CHAPTERS[chapter].stem}.ipynb").is_file()
     assert not (edition / "solutions").exists() and not (edition / "tests").exists()
     notebook = (edition / "notebooks" / f"{CHAPTERS[chapter].stem}.ipynb").read_text()
+    # the release's own notebook: what test_course_pipeline grades untouched, to 0
+    assert notebook == (REPO / "notebooks" / f"{CHAPTERS[chapter].stem}.ipynb").read_text()
     assert "BEGIN HIDDEN TESTS" not in notebook and "BEGIN SOLUTION" not in notebook
     texts = edition_texts(edition)
     locked = taught(CHAPTERS[chapter])
