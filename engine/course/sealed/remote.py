@@ -99,7 +99,7 @@ class Channel:
         self.other = "T" if side == "L" else "L"
         self.objects: dict[int, object] = {}     # id -> object the other side holds a Remote for
         self.remotes: dict[int, Remote] = {}      # the other side's id -> our Remote (one per object)
-        self.methods: dict[int, set[str]] = {}    # the other side's id -> names that were methods of its class
+        self.methods: dict[int, dict] = {}        # the other side's id -> {name: its class's function, a Remote}
         self.serve = serve                        # optional hook: serve(request) -> handled reply or None
         self.guard = None                         # optional: guard(op, target, args) may raise to refuse
         self.screen = None                        # optional: screen(value) -> False: not handed out
@@ -128,7 +128,8 @@ class Channel:
         if kind is _Live:                 # an attribute's list or dict: its owner was handed out already
             return self._encode_ref(value.value, screened=False)
         if kind is _Method:               # a method of an object the other side holds: the object and a name
-            return {"~": "method", "owner": self.side, "id": id(value.target), "name": value.name}
+            return {"~": "method", "owner": self.side, "id": id(value.target), "name": value.name,
+                    "func": self._encode_ref(value.function)}
         if kind is _RemoteMethod:         # sent on as an argument: the other side's bound method itself
             value = value._bound()
             if isinstance(value, Remote) and value._channel is self:
@@ -248,8 +249,11 @@ class Channel:
             owner = self.remotes.get(data.get("id")) if data.get("owner") == self.other else None
             if owner is None or not isinstance(data.get("name"), str):
                 raise ValueError("a method of an object this side holds no reference to")
-            self.methods.setdefault(owner._id, set()).add(data["name"])
-            return _RemoteMethod(owner, data["name"])
+            function = self.decode(data.get("func"))
+            if type(function) is not Remote:
+                raise ValueError("a method whose function is not the other side's")
+            self.methods.setdefault(owner._id, {})[data["name"]] = function
+            return _RemoteMethod(owner, data["name"], function)
         if tag == "tensor":
             return self._decode_tensor(data, tensors)
         if tag == "class" and self.side == "L":
@@ -495,13 +499,16 @@ class Channel:
             if len(args) == 1 and _class_method(target, args[0], value):
                 if self.screen is not None and not self.screen(value):
                     raise PermissionError(f"the grader does not hand graded code a {type(value).__name__}")
-                return _Method(target, args[0])
+                return _Method(target, args[0], value.__func__)
             return _Live(value) if type(value) in _LIVE_TYPES else value
-        if op == "callmethod":            # getattr and call at once: what `obj.name(...)` does
-            value = getattr(target, args[0])
+        if op == "callmethod":            # the bound method the attribute read gave, called: obj.name(...)
+            function = args[1]
+            if not isinstance(function, types.FunctionType):
+                raise PermissionError("callmethod calls a function of the object's class only")
+            value = types.MethodType(function, target)
             if self.screen is not None and not self.screen(value):
                 raise PermissionError(f"the grader does not hand graded code a {type(value).__name__}")
-            return value(*args[1:], **kwargs)
+            return value(*args[2:], **kwargs)
         if op == "copy":
             return target
         if op == "write_into":
@@ -597,10 +604,10 @@ class _Method:
     """A method of `target` found on its class (not set on the object): sent as the object and the name,
     so the other side can call it later without asking for the attribute again."""
 
-    __slots__ = ("target", "name")
+    __slots__ = ("target", "name", "function")
 
-    def __init__(self, target, name: str):
-        self.target, self.name = target, name
+    def __init__(self, target, name: str, function):
+        self.target, self.name, self.function = target, name, function
 
 
 def _class_method(target, name: str, value) -> bool:
@@ -614,23 +621,25 @@ def _class_method(target, name: str, value) -> bool:
 
 
 class _RemoteMethod:
-    """`remote.name` where that name was a method of the remote object's class: calling it is one request
-    (`callmethod`: the owner reads the attribute again and calls what it finds, as `obj.name(...)` does
-    in one process), so a check that calls a method in a loop pays one round trip per call, not two.
-    Anything else done with it asks for the bound method itself."""
+    """`remote.name` where that name was a method of the remote object's class: the object and the class's
+    function, bound as a bound method is (kept and called later, it calls that function, whatever the
+    name means by then). Calling it is one request (`callmethod`), so a check that calls a method in a
+    loop pays one round trip per call, not two. Anything else done with it asks for the bound method."""
 
-    __slots__ = ("_owner", "_name")
+    __slots__ = ("_owner", "_name", "_function")
 
-    def __init__(self, owner: "Remote", name: str):
-        self._owner, self._name = owner, name
+    def __init__(self, owner: "Remote", name: str, function: "Remote"):
+        self._owner, self._name, self._function = owner, name, function
 
     def __call__(self, *args, **kwargs):
-        return self._owner._channel.request("callmethod", self._owner, self._name, *args, **kwargs)
+        return self._owner._channel.request("callmethod", self._owner, self._name, self._function, *args, **kwargs)
 
     def _bound(self):
         return self._owner._channel.request("getattr", self._owner, self._name, True)
 
     def __getattr__(self, name):
+        if name in _RemoteMethod.__slots__:
+            raise AttributeError(name)           # a copy being built: its slots are not set yet
         return getattr(self._bound(), name)
 
     def __repr__(self):
@@ -659,14 +668,17 @@ class Remote:
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__") and name not in _FORWARDED_DUNDERS:
             raise AttributeError(name)
-        if name in self._channel.methods.get(self._id, ()):
-            return _RemoteMethod(self, name)       # a method once: the owner looks it up again at the call
+        function = self._channel.methods.get(self._id, {}).get(name)
+        if function is not None:                   # the class's method, read before: no need to ask again
+            return _RemoteMethod(self, name, function)
         return self._ask("getattr", name)
 
     def __setattr__(self, name, value):
+        self._channel.methods.get(self._id, {}).pop(name, None)     # set on the object: it hides the class's
         self._ask("setattr", name, value)
 
     def __delattr__(self, name):
+        self._channel.methods.get(self._id, {}).pop(name, None)
         self._ask("delattr", name)
 
     def __call__(self, *args, **kwargs):
