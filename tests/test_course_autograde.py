@@ -16,7 +16,7 @@ import pytest
 from engine.course import cells
 from engine.course.autograde import collect, main, not_graded, student_ids, summary
 from engine.course.nbgrader_course import write_config
-from fixtures.course_support import BUILD, FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, expanded, stubbed, write_notebook
+from fixtures.course_support import FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, expanded, stubbed, write_notebook
 
 
 def test_submissions_are_collected_into_nbgraders_layout(tmp_path):
@@ -139,10 +139,10 @@ def _faulty_content(what):
 
 
 @pytest.fixture(scope="module")
-def class_run():
-    root = BUILD / "autograde-faults"
-    import shutil
-    shutil.rmtree(root, ignore_errors=True)
+def class_run(tmp_path_factory):
+    # A folder of this run's own: two runs (two xdist workers, or two suites) sharing one would remove each
+    # other's submitted/ under nbgrader, which then stops on "No notebooks were matched".
+    root = tmp_path_factory.mktemp("autograde-faults")
     submissions = root / "submissions"
     for student, kind in GOOD.items():
         notebook = expanded(FIXTURE_CHAPTER)
