@@ -52,10 +52,10 @@ def test_parsing_in_threads_while_finalizers_run_never_fails():
         time.sleep(4)
     finally:
         stop.set()
+        gc.set_threshold(*threshold)      # before the joins: at a microsecond's switching, finishing the
+        sys.setswitchinterval(interval)   # parses in flight took minutes on a busy machine
         for thread in threads:
             thread.join()
-        gc.set_threshold(*threshold)
-        sys.setswitchinterval(interval)
     assert errors == []
 
 
