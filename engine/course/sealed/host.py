@@ -344,7 +344,8 @@ class Host:
                 os._exit(0)  # a process the notebook forked, back in the host's loop: it may not speak
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             sys.stdout, sys.stderr = saved
-            _reap_children()
+            from engine.course.sealed.remote import reap_children
+            reap_children()
         outputs = _stream_outputs(out, err) + ([error] if error else [])
         if "matplotlib.pyplot" in sys.modules:
             try:
@@ -436,17 +437,6 @@ _CPU_LIMIT = [None]
 def _out_of_cpu(signum, frame) -> None:
     signal.setitimer(signal.ITIMER_PROF, 0)
     raise TimeoutError(f"the cell used more than its {_CPU_LIMIT[0] or 0:g} s of CPU time and was stopped")
-
-
-def _reap_children() -> None:
-    """Collect the exit status of processes the notebook started and left (so none stays a zombie)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 if __name__ == "__main__":

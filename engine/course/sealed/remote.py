@@ -18,6 +18,7 @@ import base64
 import dataclasses
 import enum
 import json
+import os
 import socket
 import struct
 import sys
@@ -809,3 +810,15 @@ class _RemoteIterator:
 
     def __next__(self):
         return self.remote._ask("next")
+
+
+def reap_children() -> None:
+    """Collect the exit status of every child that ended (the host's notebook processes, the warm
+    process's judges), so none stays a zombie; returns when none is left to collect."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

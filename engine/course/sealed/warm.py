@@ -152,7 +152,8 @@ def main() -> None:
             continue
         socket.send_fds(control, [json.dumps({"pid": pid}).encode()], [pidfd])
         os.close(pidfd)
-        _reap()
+        from engine.course.sealed.remote import reap_children
+        reap_children()
 
 
 def _become_judge(control: socket.socket, fds: list[int], request: dict) -> None:
@@ -179,14 +180,3 @@ def _imports(modules) -> None:
             __import__(module)
         except Exception:  # a broken import fails in the judge, with its own message
             pass
-
-
-def _reap() -> None:
-    """Collect the judges that ended (the pidfds the grader holds stay valid until it closes them)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
