@@ -182,6 +182,16 @@ def test_a_method_called_in_a_loop_costs_one_request_per_call(pair):
         objects["cache"], torch.Generator().manual_seed(1))
 
 
+def test_callmethod_calls_only_the_function_sent_as_that_name_of_that_object(pair):
+    judge, _, objects = pair
+    cache = judge.request("lookup", None)["cache"]
+    cache.write(torch.zeros(2))                      # the host sent write's function, as cache.write
+    write = judge.methods[cache._id]["write"]
+    with pytest.raises(Exception, match="function of the object's class only"):
+        judge.request("callmethod", cache, "draw", write, torch.zeros(2))   # write's function, named draw
+    assert cache.draw(torch.Generator().manual_seed(1)) == objects["cache"].draw(torch.Generator().manual_seed(1))
+
+
 def test_callmethod_is_guarded_as_the_attribute_it_reads():
     from engine.cache.allocator import BlockAllocator
     allocator = BlockAllocator(4)

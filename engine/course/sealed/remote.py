@@ -101,6 +101,7 @@ class Channel:
         self.objects: dict[int, object] = {}     # id -> object the other side holds a Remote for
         self.remotes: dict[int, Remote] = {}      # the other side's id -> our Remote (one per object)
         self.methods: dict[int, dict] = {}        # the other side's id -> {name: its class's function, a Remote}
+        self.handed: dict[int, dict] = {}         # our object's id -> {name: the class's function we sent for it}
         self.serve = serve                        # optional hook: serve(request) -> handled reply or None
         self.guard = None                         # optional: guard(op, target, args) may raise to refuse
         self.screen = None                        # optional: screen(value) -> False: not handed out
@@ -129,6 +130,7 @@ class Channel:
         if kind is _Live:                 # an attribute's list or dict: its owner was handed out already
             return self._encode_ref(value.value, screened=False)
         if kind is _Method:               # a method of an object the other side holds: the object and a name
+            self.handed.setdefault(id(value.target), {})[value.name] = value.function
             return {"~": "method", "owner": self.side, "id": id(value.target), "name": value.name,
                     "func": self._encode_ref(value.function)}
         if kind is _RemoteMethod:         # sent on as an argument: the other side's bound method itself
@@ -504,7 +506,8 @@ class Channel:
             return _Live(value) if type(value) in _LIVE_TYPES else value
         if op == "callmethod":            # the bound method the attribute read gave, called: obj.name(...)
             function = args[1]
-            if not isinstance(function, types.FunctionType):
+            if not isinstance(function, types.FunctionType) or self.handed.get(id(target), {}).get(args[0]) \
+                    is not function:          # only the function this side sent as target.name, on target
                 raise PermissionError("callmethod calls a function of the object's class only")
             value = types.MethodType(function, target)
             if self.screen is not None and not self.screen(value):
