@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Tests run with the venv first on PATH so nbgrader/jupyter find the right kernel.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup test test-fast test-lab lab release grade autograde student-edition book book-instructor book-pdf bench lock clean help \
+.PHONY: setup test test-fast test-lab lab release grade autograde student-edition book book-instructor book-pdf bench tiny-model lock clean help \
 	hub-setup hub-accounts hub course class-grade
 
 help:
@@ -27,6 +27,7 @@ help:
 	@echo "make test-fast  the suite without notebook execution, book build and browser checks"
 	@echo "make test-lab   run every cell of every chapter in JupyterLab in headless Chromium (slow)"
 	@echo "make bench      the continuous-batching benchmark (python -m engine bench --help for options)"
+	@echo "make tiny-model retrain engine/tiny_model/ from its seed on the CPU (one thread, a few minutes)"
 
 setup: $(STAMP)
 
@@ -131,6 +132,12 @@ book-pdf: setup
 
 bench: setup
 	$(PY) -m engine bench
+
+# The tiny Qwen3 the engine writes text with, retrained from its seed on engine/tiny_model/corpus.txt:
+# deterministic, one CPU thread (slower while other work shares the machine); tests/test_tiny_model.py
+# checks the result against engine/tiny_model/training.json.
+tiny-model: setup
+	$(PY) -m engine.tools.train_tiny
 
 # On a GPU machine (no setup: it may have no network): compiled kernel tests, decode bandwidth, the engine
 # on CUDA, every chapter notebook; one JSON, OUT=file or folder (default $$OUT/ or build/gpu_check.json).

@@ -21,6 +21,25 @@ TINY = ModelConfig(vocab_size=260, hidden_size=64, num_layers=2, num_heads=4, nu
                    bos_token_id=256, eos_token_id=257)
 
 
+# The tiny Qwen3 trained on the chapters' prose (engine/tools/train_tiny.py, `make tiny-model`): the
+# model that writes text in `python -m engine generate` and the demos. The checks keep the seeded one.
+TRAINED_DIR = Path(__file__).resolve().parent / "tiny_model"
+TRAINED = ModelConfig(vocab_size=260, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                      head_dim=32, intermediate_size=384, rms_norm_eps=1e-6, rope_theta=10_000.0,
+                      tie_word_embeddings=True, max_position_embeddings=4096,
+                      bos_token_id=256, eos_token_id=257)
+
+
+def trained_config() -> ModelConfig:
+    """The trained tiny model's shape: 4 layers of width 128, a tied byte embedding."""
+    return TRAINED
+
+
+def trained_model(dtype: torch.dtype = torch.float32, device: str = "cpu") -> Qwen3Model:
+    """The tiny Qwen3 trained on the course's prose, from engine/tiny_model/ (bfloat16 weights on disk)."""
+    return load_model(TRAINED_DIR, dtype, device)
+
+
 def tiny_config(**overrides) -> ModelConfig:
     """The course's tiny Qwen3 shape (2 layers, 4 query heads over 2 KV heads), with overrides."""
     return replace(TINY, **overrides)

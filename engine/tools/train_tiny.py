@@ -1,0 +1,166 @@
+"""`make tiny-model`: train the course's tiny Qwen3 on the chapters' own prose, from a seed, on the CPU.
+
+The same seed, corpus and settings give the same weights: one thread, deterministic kernels, batches
+drawn in a fixed order from a seeded generator. The model is trained with transformers' Qwen3 (the
+engine's forward runs in inference mode) and saved in Hugging Face's layout, which both load. The
+corpus (engine/tiny_model/corpus.txt) was written once by `--make-corpus` from solutions/, so later
+edits to the chapters do not change what this trains on.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.checkpoint import TRAINED_DIR, trained_config
+
+RECORD = "training.json"   # the run's settings, its logged losses and the checkpoint's sha256
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one training run is: change any of these and the checkpoint changes."""
+
+    seed: int = 0
+    steps: int = 600
+    batch: int = 16
+    context: int = 128
+    lr: float = 4e-3
+    warmup: int = 30
+    weight_decay: float = 0.01
+
+
+def prose(source: str) -> str:
+    """The markdown cells of a percent-format chapter, code blocks and tables removed, ASCII only."""
+    cells = re.split(r"^# %%", source, flags=re.M)[1:]
+    paragraphs = []
+    for cell in cells:
+        head, _, body = cell.partition("\n")
+        if not head.startswith(" [markdown]"):
+            continue
+        text = "\n".join(line[2:] if line.startswith("# ") else line[1:]
+                         for line in body.splitlines() if line.startswith("#"))
+        text = re.sub(r"```.*?```", "", text, flags=re.S)
+        for block in re.split(r"\n\s*\n", text):
+            lines = [line.strip() for line in block.splitlines() if line.strip() and not line.startswith("|")]
+            if lines:
+                paragraphs.append(" ".join(lines))
+    text = "\n\n".join(paragraphs)
+    for old, new in {"\u2014": " - ", "\u2013": "-", "\u00a7": "section ", "**": "", "$": ""}.items():
+        text = text.replace(old, new)
+    return text.encode("ascii", errors="ignore").decode("ascii")
+
+
+def make_corpus(solutions: Path, out: Path) -> None:
+    """Write corpus.txt once from the chapters' prose (kept as a committed file afterwards)."""
+    text = "\n\n".join(prose(path.read_text()) for path in sorted(solutions.glob("ch*.py")))
+    out.write_text(text + "\n")
+    print(f"{out}: {len(text):,} bytes of prose from {len(list(solutions.glob('ch*.py')))} chapters")
+
+
+def batches(data: torch.Tensor, settings: Settings):
+    """Random windows of context + 1 bytes, in the order a generator seeded by `seed` draws them."""
+    generator = torch.Generator().manual_seed(settings.seed)
+    for _ in range(settings.steps):
+        starts = torch.randint(0, len(data) - settings.context - 1, (settings.batch,), generator=generator)
+        windows = torch.stack([data[s:s + settings.context + 1] for s in starts.tolist()])
+        yield windows[:, :-1], windows[:, 1:]
+
+
+def learning_rate(step: int, settings: Settings) -> float:
+    """Linear warm-up, then a cosine down to a tenth of the peak."""
+    if step < settings.warmup:
+        return settings.lr * (step + 1) / settings.warmup
+    done = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
+    return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
+
+
+def hf_model(seed: int):
+    """transformers' Qwen3 of the trained config, initialised from `seed`."""
+    import transformers
+    torch.manual_seed(seed)
+    config = transformers.Qwen3Config(**trained_config().to_hf())
+    return transformers.Qwen3ForCausalLM(config).float().train()
+
+
+def train(corpus: Path, settings: Settings, progress: bool = True):
+    """Train from the seed; returns the model and the loss of every step."""
+    from tqdm import tqdm
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    data = torch.tensor(list(corpus.read_bytes()), dtype=torch.long)
+    model = hf_model(settings.seed)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                                   {"params": rest, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95))
+    losses = []
+    bar = tqdm(batches(data, settings), total=settings.steps, disable=not progress, mininterval=2.0)
+    for step, (inputs, targets) in enumerate(bar):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, settings)
+        logits = model(input_ids=inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if progress and (step + 1) % 100 == 0:
+            bar.write(f"step {step + 1}/{settings.steps}: loss {sum(losses[-100:]) / 100:.4f} (mean of the last 100)")
+    return model.eval(), losses
+
+
+def save(model, out: Path) -> Path:
+    """config.json and model.safetensors (bfloat16) in Hugging Face's layout; returns the weights file."""
+    from safetensors.torch import save_file
+    hf = trained_config().to_hf() | {"torch_dtype": "bfloat16"}
+    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    tensors = {name: tensor.detach().to(torch.bfloat16).contiguous()
+               for name, tensor in model.state_dict().items() if name != "lm_head.weight"}   # tied head
+    weights = out / "model.safetensors"
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return weights
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.tools.train_tiny", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=TRAINED_DIR, help="folder to write (default: engine/tiny_model)")
+    parser.add_argument("--steps", type=int, default=Settings.steps)
+    parser.add_argument("--make-corpus", action="store_true",
+                        help="write corpus.txt from solutions/ and stop (done once; the corpus is committed)")
+    args = parser.parse_args(argv)
+    corpus = TRAINED_DIR / "corpus.txt"
+    if args.make_corpus:
+        make_corpus(Path(__file__).resolve().parents[2] / "solutions", corpus)
+        return 0
+    settings = Settings(steps=args.steps)
+    print(f"training the tiny Qwen3 on {corpus} ({corpus.stat().st_size:,} bytes), {settings}; one CPU thread")
+    started = time.perf_counter()
+    model, losses = train(corpus, settings)
+    args.out.mkdir(parents=True, exist_ok=True)
+    weights = save(model, args.out)
+    seconds = time.perf_counter() - started
+    record = {"settings": settings.__dict__, "corpus_sha256": sha256(corpus), "first_losses": losses[:5],
+              "final_loss": sum(losses[-50:]) / 50, "seconds": round(seconds, 1),
+              "model_sha256": sha256(weights), "model_bytes": weights.stat().st_size}
+    (args.out / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"done in {seconds:.0f} s: final loss {record['final_loss']:.4f} (mean of the last 50 steps), "
+          f"{weights} {record['model_bytes']:,} bytes, sha256 {record['model_sha256'][:16]}...")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
