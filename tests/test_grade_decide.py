@@ -1,11 +1,16 @@
-"""Every decision in the judge, from the cells' text: own work, refusals, copies of the reference.
+"""Every decision in the judge, from the cells' text: own work and copies of the reference.
 
-Three learners' own chapter 2 solutions (tests/fixtures/sealed_styles.py, one sharing the reference's
-idea closely) are never refused or flagged; the reference re-typed with meaning-preserving edits is
-flagged; the graded names bound any way but the learner's own def or class, code that reaches for the
-grader's files, process or code, the engine's own version of the taught name or the checks are refused.
-The host's replies are checked against a schema: a malformed one costs the cell.
+Three learners' own chapter 2 solutions (tests/fixtures/sealed_styles.py) are never refused; those
+written independently are not flagged, while B's allocator, the reference's structure token for token
+with its own messages, is (a flag, never a grade); the reference re-typed with meaning-preserving edits
+is flagged, and so is the reference with its three messages reworded. Graded names bound any way but
+the learner's own def or class, or whose code hands back the engine's own version of the taught name
+or calls the checks, are refused. The host's replies are checked against a schema: a malformed one
+costs the cell. (What learner cells may do besides: tests/test_grade_honest.py.)
 """
+import inspect
+import textwrap
+
 import pytest
 
 from engine.course import exercises
@@ -36,11 +41,12 @@ def copies(cells: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("who", sorted(HONEST))
-def test_honest_solutions_in_their_own_styles_are_neither_refused_nor_flagged(who):
+def test_honest_solutions_in_their_own_styles_are_not_refused(who):
     book = notebook(HONEST[who])
     for name in NAMES.values():
         assert book.reasons([name]) == [], (who, name)
-    assert copies(HONEST[who]) == [], who
+    expected = ["BlockAllocator is the reference's code by meaning"] if who == "B" else []
+    assert copies(HONEST[who]) == expected, who     # B's allocator: the reference's structure, its own words
 
 
 def test_the_reference_retyped_with_meaning_preserving_edits_is_flagged():
@@ -55,11 +61,29 @@ def test_the_solution_itself_is_flagged_as_the_reference():
     assert len(copies(solution)) == 2
 
 
+def test_the_reference_with_its_three_messages_reworded_is_flagged():
+    import engine.cache.allocator as allocator
+    reference = "import engine.cache.allocator\nclass BlockAllocator(engine.cache.allocator.BlockAllocator):\n" + "".join(
+        textwrap.indent(textwrap.dedent(inspect.getsource(getattr(allocator.BlockAllocator, m))), "    ")
+        for m in ("allocate", "share", "release"))
+    reworded = reference
+    for message, mine in (("can only allocate an int >= 0 of blocks, got", "that is no count of blocks:"),
+                          ("is free: it cannot be shared", "has no owner to share it with"),
+                          ("released too often: it is already free", "was given back twice")):
+        assert message in reworded
+        reworded = reworded.replace(message, mine)
+    assert copies({"ch02_allocator": reworded}) == ["BlockAllocator is the reference's code by meaning"]
+
+
 BOUND_OTHERWISE = {   # the graded name bound by something other than the learner's own def or class
     "imported": "from engine.cache.slots import physical_slot\n",
     "aliased": "import engine.cache.slots as s\nphysical_slot = s.physical_slot\n",
-    "decorated": "@lambda f: f\ndef physical_slot(table, pos, block_size):\n    return 0, 0\n",
+    "a lambda": "physical_slot = lambda table, pos, block_size: (table[pos // block_size], pos % block_size)\n",
+    "decorated with the engine's": "import engine.cache.slots as s\n@lambda f: s.physical_slot\n"
+                                   "def physical_slot(table, pos, block_size):\n    return 0, 0\n",
     "rebound after": "def physical_slot(t, p, b):\n    return 0, 0\nphysical_slot = len\n",
+    "its code replaced": "import engine.cache.slots as s\ndef physical_slot(t, p, b):\n    return 0, 0\n"
+                         "physical_slot.__code__ = s.physical_slot.__code__\n",
 }
 
 
@@ -96,35 +120,25 @@ def test_a_taught_method_from_the_learners_own_base_class_counts():
     assert notebook({"ch02_allocator": cell}).reasons(["BlockAllocator"]) == []
 
 
-REACHING = {   # each reaches the grader's files, process or code, or builds code at run time
-    "exec": "exec(open('/work/engine/cache/slots.py').read())",
-    "compile": "code = compile('x = 1', 'engine/cache/slots.py', 'exec')",
-    "importlib": "import importlib.util as u",
-    "inspect": "import inspect",
-    "socket": "import socket\nsocket.socket.sendall = lambda self, data: None",
-    "os": "from os import walk",
-    "sys path": "import sys\nsys.path.insert(0, '/work')",
-    "dunders": "f = len.__self__.__dict__",
-    "globals": "globals()['physical_slot'] = print",
-    "builtins": "__builtins__.open",
-    "checks": "import engine.checks.ch02 as mine",
-    "setattr": "setattr(physical_slot, 'x', 1)",
+CALLING_THE_CHECKS = {   # the checks live in the host too, and some compute an exercise's answer
+    "the chapter's name": ("", "def physical_slot(table, pos, block_size):\n"
+                               "    return ch02.physical_slot(table, pos, block_size)\n"),
+    "imported in a scratch cell": ("import engine.checks.ch02 as helper\n",
+                                   "def physical_slot(table, pos, block_size):\n"
+                                   "    return helper.physical_slot(table, pos, block_size)\n"),
+    "through the package": ("import engine.checks.ch02\n",
+                            "def physical_slot(table, pos, block_size):\n"
+                            "    return engine.checks.ch02.physical_slot(table, pos, block_size)\n"),
+    "through a helper": ("from engine.checks import ch02 as c\nanswer = c.physical_slot\n",
+                         "def physical_slot(table, pos, block_size):\n    return answer(table, pos, block_size)\n"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(REACHING))
-def test_a_cell_that_reaches_for_the_graders_files_process_or_code_is_refused(case):
-    honest = dict(HONEST["A"])
-    in_exercise = dict(honest, ch02_physical_slot=honest["ch02_physical_slot"] + "\n" + REACHING[case] + "\n")
-    assert notebook(in_exercise).reasons(["physical_slot"]), case           # the exercise's own cell
-    assert notebook(in_exercise).reasons(["BlockAllocator"]) == [], case    # ... costs only its tests
-    added = dict(honest, cell9=REACHING[case])                             # a cell of the learner's own
-    assert all(notebook(added).reasons([name]) for name in NAMES.values()), case
-
-
-def test_a_graded_function_that_calls_into_the_checks_is_refused():
-    cell = "def physical_slot(table, pos, block_size):\n    return ch02.physical_slot(table, pos, block_size)\n"
-    assert any("checks" in why for why in notebook({"ch02_physical_slot": cell}).reasons(["physical_slot"]))
+@pytest.mark.parametrize("case", sorted(CALLING_THE_CHECKS))
+def test_a_graded_function_that_calls_into_the_checks_is_refused(case):
+    scratch, cell = CALLING_THE_CHECKS[case]
+    reasons = notebook({"cell9": scratch, "ch02_physical_slot": cell}).reasons(["physical_slot"])
+    assert any("calls into the checks" in why for why in reasons), reasons
 
 
 def test_a_helper_split_out_is_read_into_the_code_that_calls_it():

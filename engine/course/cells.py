@@ -2,6 +2,7 @@
 and the roles the chapters give cells by convention: the setup cell, the "With your code" cells."""
 from __future__ import annotations
 
+import ast
 import re
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -119,3 +120,76 @@ def solution_text(cell) -> list[str]:
     if regions:
         return [line for region in regions for line in region]
     return cell.source.splitlines()
+
+
+# Magics whose line or cell is Python that IPython runs (timed, profiled or with its output captured):
+# graded as that code, run once. Every other magic, and `!cmd`, holds no Python of the notebook's.
+CODE_MAGICS = {"time", "timeit", "prun", "capture"}
+_MAGIC_OPTIONS = re.compile(r"\A\s*(?:-(?:[nrp]\s*\d+|[a-zA-Z])\s+)*")   # %timeit -n 10 -r 3 -o ...
+
+
+def python_source(source: str) -> str:
+    """The Python a code cell holds, as IPython reads it: `%%time`, `%timeit`, `%%capture` and `%prun`
+    become the code they time, profile or capture; other magics (`%matplotlib inline`, `%%writefile`),
+    `!cmd` and `name?` become nothing (`x = !ls` an empty list). Read with IPython's own transformer
+    (IPython.core.inputtransformer2), line for line, so a traceback's line numbers stay the cell's.
+    Plain Python comes back as it is; text that is not Python either way comes back as it is too."""
+    try:
+        ast.parse(source)
+        return source
+    except (SyntaxError, ValueError):
+        pass
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+        text = TransformerManager().transform_cell(source)
+        tree = ast.parse(text)
+    except Exception:  # noqa: BLE001 - not IPython's syntax either: the grader reports the SyntaxError
+        return source
+    if len(tree.body) == 1 and _magic_call(tree.body[0]) == "run_cell_magic":
+        name, line, body = (a.value for a in tree.body[0].value.args)
+        above = "\n" * (len(source) - len(source.lstrip("\n")) + 1)      # blank lines, then the %% line
+        if name not in CODE_MAGICS:
+            return above
+        setup = _MAGIC_OPTIONS.sub("", line) if name == "timeit" else ""
+        return above[:-1] + setup + "\n" + python_source(body)
+    lines = text.splitlines(keepends=True)
+    statements = [n for n in ast.walk(tree) if _magic_call(n)]
+    inside = {id(n.value) for n in statements}
+    values = [n for n in ast.walk(tree) if _magic_value(n) and id(n) not in inside]
+    for node in sorted(statements + values, key=lambda n: (n.lineno, n.col_offset), reverse=True):
+        if node.lineno != node.end_lineno:
+            continue
+        row = lines[node.lineno - 1].encode()
+        start, end = node.col_offset, node.end_col_offset
+        replaced = _lowered_statement(node) if _magic_call(node) else ("[]" if _magic_value(node) == "getoutput"
+                                                                      else "None")
+        lines[node.lineno - 1] = (row[:start] + replaced.encode() + row[end:]).decode()
+    return "".join(lines)
+
+
+def _magic_value(node) -> str | None:
+    """The method of `get_ipython().<method>(...)` a node calls, if it is one (an expression)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Call) \
+            and isinstance(node.func.value.func, ast.Name) and node.func.value.func.id == "get_ipython" \
+            and node.func.attr in ("run_line_magic", "run_cell_magic", "system", "getoutput") \
+            and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args):
+        return node.func.attr
+    return None
+
+
+def _magic_call(node) -> str | None:
+    """The same, for a statement that is only that call."""
+    return _magic_value(node.value) if isinstance(node, ast.Expr) else None
+
+
+def _lowered_statement(node: ast.Expr) -> str:
+    """A magic statement as the code it holds (one line: the magic's own), or `pass`."""
+    call = node.value
+    if call.func.attr == "run_line_magic" and call.args[0].value in CODE_MAGICS:
+        code = _MAGIC_OPTIONS.sub("", call.args[1].value).strip()
+        try:
+            ast.parse(code)
+            return code or "pass"
+        except SyntaxError:
+            pass
+    return "pass"

@@ -1,281 +1,255 @@
-"""What the judge decides from the text of the notebook's cells: own work and refusals.
+"""What the judge decides from the text of the notebook's cells: whether a graded name is the learner's own work.
 
-The judge receives every cell's text before the host runs it, so it needs nothing the host says to
-decide whether a test may count. A graded name counts as the learner's own work when the learner cell
-that last binds it defines it there with `def` (a function) or `class` (whose taught methods are
-defined in its body, or in a class of the notebook it inherits from), undecorated, and no learner cell
-rebinds it or its methods afterwards. A test is refused when the code it grades, or any learner cell
-that is not an exercise's (it could rebind anything), reaches for what grading relies on: code built at
-run time (exec, eval, compile, importlib), files and the process (open, os, sys, inspect, ctypes,
-socket, gc, threads, frames and functions' insides), the engine's own version of the taught name, or
-the checks.
+The learner owns the host process (README), so the text decides only what text can decide, and every
+learner cell may import, open, print and explore what it likes. A graded name counts as the learner's
+own work when the learner cell that last binds it defines it there with `def` (a function) or `class`
+(whose taught methods are defined in its body, or in a notebook class it inherits from, chained across
+cells too), decorated or not (the judge calls the host's object, whatever a decorator made of it); when
+no learner cell afterwards sets a taught method on it to anything but a `def` of the notebook; and when
+its code, with every notebook definition it reads, neither hands back the engine's own version of the
+method it defines (`super().allocate` inside `allocate`, `engine....allocate`) nor calls into the
+checks. Cells are read as the Python they hold (engine.course.cells.python_source: magics, `!cmd`).
 """
 from __future__ import annotations
 
 import ast
 
-# Calls, modules, attributes and names refused in learner cells: each reaches the grader's files, its
-# process or its code, or builds code at run time.
-CALLS = {"exec", "eval", "compile", "__import__", "open", "globals", "locals", "vars", "breakpoint",
-         "setattr", "delattr", "get_ipython", "input"}
-MODULES = {"importlib", "inspect", "runpy", "marshal", "ctypes", "socket", "subprocess", "pickle", "gc", "os",
-           "sys", "io", "pathlib", "shutil", "glob", "site", "code", "codeop", "zipimport", "pkgutil",
-           "builtins", "multiprocessing", "signal", "mmap", "dis", "linecache", "tokenize", "types",
-           "threading", "_thread", "pty", "fcntl", "tempfile", "hmac", "json", "struct", "selectors",
-           "sysconfig", "posix", "_io", "_socket", "__main__", "asyncio", "concurrent", "faulthandler",
-           "tracemalloc", "weakref", "atexit", "copyreg", "zipfile", "tarfile", "urllib", "http", "traceback"}
-ENGINE_ONLY = ("engine.course", "engine.checks")    # parts of the engine no learner cell imports
-ATTRIBUTES = {"__code__", "__globals__", "__closure__", "__builtins__", "__subclasses__", "__dict__",
-              "__getattribute__", "__loader__", "__spec__", "__file__", "__import__", "__func__", "__wrapped__",
-              "__reduce__", "__reduce_ex__", "__bases__", "__base__", "__mro__", "__defaults__",
-              "__kwdefaults__", "f_back", "f_globals", "f_locals", "f_code", "tb_frame", "gi_frame", "cr_frame",
-              "ag_frame", "co_code", "sendall", "send", "recv"}
-NAMES = {"__builtins__", "__loader__", "__spec__", "__file__", "get_ipython", "__import__"}
-PLAIN_DECORATORS = {"staticmethod", "classmethod", "property"}
+from engine.course.cells import python_source
 
 
 def parse(source: str) -> ast.Module | None:
+    """A cell's syntax tree, IPython's syntax read as the code it holds; None when it is not Python."""
     try:
-        return ast.parse(source)
+        return ast.parse(python_source(source))
     except (SyntaxError, ValueError):
         return None
 
 
-def refusals(source: str) -> list[str]:
-    """What in a learner cell's text grading refuses (one phrase each, in the order found)."""
-    tree = parse(source)
-    if tree is None:
-        return []
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            for module in modules:
-                top = module.split(".")[0]
-                if top in MODULES or module.startswith(ENGINE_ONLY) or (
-                        isinstance(node, ast.ImportFrom) and module == "engine"
-                        and any(a.name in ("course", "checks") for a in node.names)):
-                    found.append(f"imports {module}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CALLS:
-            found.append(f"calls {node.func.id}()")
-        elif isinstance(node, ast.Attribute) and node.attr in ATTRIBUTES:
-            found.append(f"reads .{node.attr}")
-        elif isinstance(node, ast.Name) and node.id in NAMES:
-            found.append(f"uses {node.id}")
-    return list(dict.fromkeys(found))
+_COMPOUND = (ast.If, ast.Try, ast.With, ast.For, ast.While, ast.AsyncFor, ast.AsyncWith) + (
+    (ast.TryStar,) if hasattr(ast, "TryStar") else ())
 
 
-def _last_binding(tree: ast.Module, name: str):
-    """The last top-level statement of `tree` that binds `name`, or None."""
-    last = None
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            last = node
-        elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
-                (a.asname or a.name).split(".")[0] == name for a in node.names):
-            last = node
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With, ast.Try, ast.If,
-                               ast.While)):
-            if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
-                   for n in ast.walk(node)):
-                last = node
-    return last
+def _binder(statement, name: str):
+    """The node of `statement` that binds `name` last (a def or class inside an `if` or `try` too), or None."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return statement if statement.name == name else None
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        bound = any((a.asname or a.name).split(".")[0] == name for a in statement.names)
+        return statement if bound else None
+    if isinstance(statement, _COMPOUND):
+        found = None
+        heads = [statement.target] if isinstance(statement, (ast.For, ast.AsyncFor)) else [
+            item.optional_vars for item in getattr(statement, "items", []) if item.optional_vars is not None]
+        if any(_stores(head, name) for head in heads):
+            found = statement
+        for inner in _inner_statements(statement):
+            found = _binder(inner, name) or found
+        return found
+    return statement if _stores(statement, name) else None
 
 
-def _decorated(node) -> bool:
-    return any(not (isinstance(d, ast.Name) and d.id in PLAIN_DECORATORS) for d in node.decorator_list)
+def _inner_statements(statement) -> list:
+    inner = list(getattr(statement, "body", [])) + list(getattr(statement, "orelse", []))
+    for handler in getattr(statement, "handlers", []):
+        inner += handler.body
+    return inner + list(getattr(statement, "finalbody", []))
+
+
+def _stores(node, name: str) -> bool:
+    """Whether `node` assigns `name` itself (not inside a function or class it defines)."""
+    todo = [node]
+    while todo:
+        sub = todo.pop()
+        if isinstance(sub, ast.Name) and sub.id == name and isinstance(sub.ctx, ast.Store):
+            return True
+        if sub is node or not isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo += list(ast.iter_child_nodes(sub))
+    return False
 
 
 class Notebook:
-    """The learner cells seen so far, in order: (cell name, text, whether it is an exercise's cell)."""
+    """The learner cells seen so far, in order, and what the chapter's cells bind to the engine and the
+    checks. `graded` may grow as cells arrive (the judge adds each exercise cell's names)."""
 
-    def __init__(self, graded: dict, exercise_cells: set[str], engine_names: set[str], check_names: set[str]):
-        self.graded, self.exercise_cells = graded, exercise_cells
-        self.engine_names = set(engine_names)   # names the chapter's cells bind to engine modules
+    def __init__(self, graded: dict, exercise_cells=(), engine_names=(), check_names=()):
+        self.graded = graded            # (exercise_cells: the judge's, no longer read: any cell may define)
+        self.engine_names = set(engine_names)   # names bound to engine modules
         self.check_names = set(check_names)     # ... and to the checks (engine.checks)
-        self.cells: list[tuple[str, str, ast.Module | None]] = []
-        self.imported = {"engine"} | self.engine_names | self.check_names   # names bound to what a cell imported
-        self.writes: dict[str, list[str]] = {}     # learner cell -> what it writes into what was imported
+        self.cells: list[tuple[str, ast.Module]] = []
 
     def chapter_cell(self, source: str) -> None:
-        """A chapter cell: the names it binds to the engine, the checks, and any import."""
+        """A chapter cell: the names it binds to the engine and to the checks."""
         engine_names, check_names = chapter_names(source)
         self.engine_names |= engine_names
         self.check_names |= check_names
-        tree = parse(source)
-        self.imported |= engine_names | check_names | (_imported(tree) if tree is not None else set())
 
     def add(self, name: str, source: str) -> None:
+        """A learner cell, in notebook order (one that is not Python binds nothing)."""
         tree = parse(source)
-        self.cells.append((name, source, tree))
-        for node in ast.walk(tree) if tree is not None else ():
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name.split(".")[0] == "engine":
-                        self.engine_names.add((alias.asname or alias.name).split(".")[0])
-        if tree is not None:
-            self.writes[name] = self._writes_into_imports(tree)
+        if tree is None:
+            return
+        self.cells.append((name, tree))
+        self.chapter_cell(source)         # what it binds to the engine and the checks, as a chapter cell's
 
-    def _writes_into_imports(self, tree: ast.Module) -> list[str]:
-        """What a learner cell changes in a module or in what it imported (`torch.equal = ...`,
-        `Base.method = ...`, `del ch03.fail`, `engine.checks...`, a dunder of anything), through an
-        alias too (`c = ch03; c.fail = ...`): the host runs the checks' helpers
-        (engine.checks.where_it_lives) on its own copy of the engine and its libraries, which such a
-        write would change. Updates the names bound to imports as it reads the cell."""
-        found = []
-        self.imported |= _imported(tree)
-        for node in ast.walk(tree):                   # aliases first: `c = ch03`, `for m in (torch,)`
-            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) else (
-                node.iter if isinstance(node, (ast.For, ast.comprehension)) else None)
-            if value is not None and self._reaches_import(value):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                self.imported |= {n.id for t in targets for n in _plain_names(t)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr in ("checks", "course") \
-                    and _root(node.value) in self.engine_names | {"engine"}:
-                found.append(f"reaches engine.{node.attr}")
-            if isinstance(node, ast.Call) and any(isinstance(a, ast.Name) and a.id in self.check_names | {"engine"}
-                                                  for a in node.args + [k.value for k in node.keywords]):
-                found.append("hands the checks' module to other code")
-            if not (isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del))):
-                continue
-            root = _root(node.value)
-            shown = ast.unparse(node)[:40]
-            if isinstance(node, ast.Attribute) and (root is None or root in self.imported
-                                                    or (node.attr.startswith("__") and node.attr.endswith("__"))):
-                found.append(f"replaces {shown}")
-            elif isinstance(node, ast.Subscript) and root in self.engine_names | self.check_names | {"engine"}:
-                found.append(f"writes into {shown}")
-        return list(dict.fromkeys(found))
-
-    def _reaches_import(self, value) -> bool:
-        """Whether an expression hands on what was imported itself: a name, an attribute of it, a
-        container or getattr of them (not a call's result, an instance, which is the cell's own)."""
-        if isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
-            return _root(value) in self.imported
-        if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
-            return any(self._reaches_import(e) for e in value.elts)
-        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "getattr":
-            return bool(value.args) and self._reaches_import(value.args[0])
-        if isinstance(value, (ast.IfExp, ast.BoolOp)):
-            parts = [value.body, value.orelse] if isinstance(value, ast.IfExp) else value.values
-            return any(self._reaches_import(e) for e in parts)
-        return False
-
-    def _defining_cell(self, name: str):
-        for cell_name, _, tree in reversed(self.cells):
-            if tree is not None:
-                node = _last_binding(tree, name)
+    def _binding(self, name: str, before: tuple[int, int] | None = None):
+        """(cell index, statement index, node) of the last learner statement before `before` (the end
+        when None) that binds `name`, or None."""
+        last_cell = len(self.cells) - 1 if before is None else before[0]
+        for cell in range(last_cell, -1, -1):
+            body = self.cells[cell][1].body
+            stop = len(body) if before is None or cell < before[0] else before[1]
+            for index in range(stop - 1, -1, -1):
+                node = _binder(body[index], name)
                 if node is not None:
-                    return cell_name, tree, node
+                    return cell, index, node
         return None
 
-    def _class_defines(self, node: ast.ClassDef, method: str, seen: int = 0):
-        """The FunctionDef of `method` in class `node` or in a notebook class it inherits from."""
-        body = [n for n in node.body if _binds(n, method)]
+    def _class_defines(self, found, method: str, depth: int = 0):
+        """The node that binds `method` in the class `found` or in a notebook class it inherits from
+        (each base as it was bound before the class: `class C(C)` chains to the earlier C)."""
+        cell, index, node = found
+        body = [n for n in node.body if _binder(n, method) is not None]
         if body:
-            return body[-1]
+            return _binder(body[-1], method)
         for base in node.bases:
-            if isinstance(base, ast.Name) and seen < 20:
-                found = self._defining_cell(base.id)
-                if found and isinstance(found[2], ast.ClassDef):
-                    inherited = self._class_defines(found[2], method, seen + 1)
+            if isinstance(base, ast.Name) and depth < 20:
+                parent = self._binding(base.id, (cell, index))
+                if parent is not None and isinstance(parent[2], ast.ClassDef):
+                    inherited = self._class_defines(parent, method, depth + 1)
                     if inherited is not None:
                         return inherited
         return None
 
     def own_work(self, name: str) -> str:
         """'' when graded `name` is defined by the learner's own def or class; else why not."""
-        found = self._defining_cell(name)
+        found = self._binding(name)
         if found is None:
             return f"{name} is not defined in any of your cells"
-        _, _, node = found
+        node = found[2]
         methods = self.graded.get(name, {}).get("methods")
         if not methods:
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return f"{name} is not a function written with def in your cell"
-            return f"{name} is decorated: a decorator may hand back any function" if _decorated(node) else ""
+            return "" if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else (
+                f"{name} is not a function written with def in your cell")
         if not isinstance(node, ast.ClassDef):
             return f"{name} is not a class written in your cell"
+        set_later = {attr: value for attr, value, _ in self._set_on(name, found)}
         for method in methods:
-            defined = self._class_defines(node, method)
-            if not isinstance(defined, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if method in set_later:
+                continue                  # _set_on's own rule: a def of the notebook, or refused there
+            if not isinstance(self._class_defines(found, method), (ast.FunctionDef, ast.AsyncFunctionDef)):
                 return f"{name}.{method} is not written in the notebook (it is inherited or assigned)"
-            if _decorated(defined):
-                return f"{name}.{method} is decorated: a decorator may hand back any function"
         return ""
 
-    def _definitions(self, names: list[str]) -> list[tuple[str, ast.AST]]:
-        """(cell name, node) of the graded definitions and of every notebook definition they read."""
-        todo, seen, result = list(names), set(), []
+    def _set_on(self, name: str, found) -> list:
+        """(attribute, value, where) for each taught method of class `name` (the code of function
+        `name`) a learner statement after its definition sets (`Name.method = value`)."""
+        taught = set(self.graded.get(name, {}).get("methods") or ("__code__",))
+        seen = []
+        for cell, (_, tree) in enumerate(self.cells):
+            for index, statement in enumerate(tree.body):
+                if (cell, index) <= found[:2]:
+                    continue
+                for node in ast.walk(statement):
+                    if isinstance(node, ast.Assign):
+                        for target in node.targets:
+                            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                                    and target.value.id == name and target.attr in taught:
+                                seen.append((target.attr, node.value, (cell, index)))
+        return seen
+
+    def _definitions(self, names: list[str]) -> list:
+        """The graded definitions and every notebook definition they read (names their code reads as
+        bound at the end; a class's bases as bound before it)."""
+        todo = [(name, None) for name in names]
+        seen, result = set(), []
         while todo:
-            name = todo.pop()
-            if name in seen:
+            name, before = todo.pop()
+            found = self._binding(name, before)
+            if found is None or found[:2] in seen:
                 continue
-            seen.add(name)
-            found = self._defining_cell(name)
-            if found is None:
-                continue
-            cell_name, _, node = found
-            result.append((cell_name, node))
-            todo += [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+            seen.add(found[:2])
+            cell, index, node = found
+            result.append(node)
+            if isinstance(node, ast.ClassDef):
+                todo += [(b.id, (cell, index)) for b in node.bases if isinstance(b, ast.Name)]
+                parts = node.decorator_list + node.body
+            else:
+                parts = [node]
+            todo += [(n.id, None) for part in parts for n in ast.walk(part)
+                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+            if name in names:
+                todo += [(value.id, where) for _, value, where in self._set_on(name, found)
+                         if isinstance(value, ast.Name)]
         return result
 
     def reasons(self, names: list[str]) -> list[str]:
         """Why a test of the graded `names` must not count (empty when it may)."""
         reasons = []
-        for cell_name, source, tree in self.cells:
-            if cell_name not in self.exercise_cells and tree is not None:
-                refused = refusals(source) + self.writes.get(cell_name, [])
-                if refused:
-                    reasons.append(f"your cell {cell_name} {', '.join(refused[:3])}: graded notebooks may not")
         own = [why for why in (self.own_work(name) for name in names) if why]
+        for name in names:
+            found = self._binding(name)
+            if found is not None:
+                own += self._set_otherwise(name, found)
         if own:
             reasons.append("; ".join(own) + ": the exercise must be your own code")
-        texts = {cell_name: source for cell_name, source, _ in self.cells}
-        definitions = self._definitions(names)
-        graded_cells = [self.graded.get(name, {}).get("cell") for name in names]
-        for cell_name in dict.fromkeys([c for c, _ in definitions] + graded_cells):
-            refused = refusals(texts.get(cell_name, "")) + self.writes.get(cell_name, [])
-            if refused and cell_name in self.exercise_cells:
-                reasons.append(f"your {cell_name} {', '.join(refused[:3])}: graded code may not")
-        for cell_name, node in definitions:
+        for node in self._definitions(names):
             borrowed = self._borrowed(node)
             if borrowed:
                 reasons.append(f"your code {borrowed}: the exercise must be your own code")
-        reasons += self._rebound(names)
         return list(dict.fromkeys(reasons))
 
-    def _borrowed(self, node) -> str:
-        """How a definition calls the engine's version of a taught name or the checks, if it does."""
-        taught = set(self.graded) | {m for spec in self.graded.values() for m in spec.get("methods") or ()}
-        inside = node.body if isinstance(node, ast.ClassDef) else [node]   # a class's bases may be the engine's
-        for sub in (n for part in inside for n in ast.walk(part)):
-            if isinstance(sub, ast.Attribute) and sub.attr in taught:
-                root = sub.value
-                if isinstance(root, ast.Call) and isinstance(root.func, ast.Name) and root.func.id == "super":
-                    return f"calls the engine's own {sub.attr} (super().{sub.attr})"
-                while isinstance(root, ast.Attribute):
-                    root = root.value
-                if isinstance(root, ast.Name) and root.id in self.engine_names:
-                    return f"calls the engine's own {sub.attr}"
-            if isinstance(sub, ast.Name) and sub.id in self.check_names:
-                return f"calls into the checks ({sub.id})"
-        return ""
+    def _set_otherwise(self, name: str, found) -> list[str]:
+        """A taught method set on the class after it, to anything but a def of the notebook."""
+        why = []
+        for method, value, where in self._set_on(name, found):
+            bound = self._binding(value.id, where) if isinstance(value, ast.Name) else None
+            if bound is None or not isinstance(bound[2], (ast.FunctionDef, ast.AsyncFunctionDef)):
+                why.append(f"your cell {self.cells[where[0]][0]} sets {name}.{method} to "
+                           f"{ast.unparse(value)[:40]}, not a def of yours")
+        return why
 
-    def _rebound(self, names: list[str]) -> list[str]:
-        """A graded class's or function's attribute assigned from outside its definition."""
+    def _borrowed(self, node) -> str:
+        """How a definition hands back the engine's own version of a taught name, or calls the checks.
+
+        The checks are refused because they live in the host too (engine/checks, beside the host's
+        stubbed engine) and some of them compute an exercise's answer under a name of their own
+        (ch08.kv_bytes_reference is kv_bytes_per_token_hf's): graded code calling them would earn points
+        the learner did not write. This is a statement about the text; a route the text does not show
+        (getattr, sys.modules) stays open while the host's copy of the checks holds such answers."""
+        taught = set(self.graded) | {m for spec in self.graded.values() for m in spec.get("methods") or ()}
+        if isinstance(node, ast.ClassDef):      # its bases may be the engine's: the body and decorators
+            parts = [(part, part.name if isinstance(part, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+                     for part in node.decorator_list + node.body]
+        else:
+            parts = [(node, None)]
         found = []
-        for cell_name, _, tree in self.cells:
-            for node in ast.walk(tree) if tree is not None else ():
-                targets = node.targets if isinstance(node, ast.Assign) else (
-                    [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
-                for target in targets:
-                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
-                            and target.value.id in names:
-                        found.append(f"your cell {cell_name} replaces {target.value.id}.{target.attr}: the "
-                                     "exercise must be your own code")
-        return found
+        for part, method in parts:
+            for sub in ast.walk(part):
+                if isinstance(sub, ast.Attribute) and sub.attr == "checks" and _root(sub.value) in self.engine_names:
+                    return "calls into the checks (engine.checks)"
+                if isinstance(sub, ast.Name) and sub.id in self.check_names:
+                    return f"calls into the checks ({sub.id})"
+                if isinstance(sub, ast.Attribute) and sub.attr in taught:
+                    root = sub.value
+                    if isinstance(root, ast.Call) and isinstance(root.func, ast.Name) and root.func.id == "super":
+                        if sub.attr == method and not self._notebook_base_defines(node, method):
+                            found.append(f"calls the engine's own {sub.attr} (super().{sub.attr})")
+                    elif _root(root) in self.engine_names:
+                        found.append(f"calls the engine's own {sub.attr}")
+        return found[0] if found else ""
+
+    def _notebook_base_defines(self, node: ast.ClassDef, method: str) -> bool:
+        """Whether a notebook class that `node` inherits from defines `method` (super() reaches it)."""
+        found = next(((c, i, n) for c, (_, tree) in enumerate(self.cells) for i, statement in enumerate(tree.body)
+                      for n in [_binder(statement, node.name)] if n is node), None)
+        if found is None:
+            return False
+        for base in node.bases:
+            parent = self._binding(base.id, found[:2]) if isinstance(base, ast.Name) else None
+            if parent is not None and isinstance(parent[2], ast.ClassDef) and isinstance(
+                    self._class_defines(parent, method), (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return True
+        return False
 
 
 def _root(node):
@@ -284,33 +258,6 @@ def _root(node):
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
         node = node.value
     return node.id if isinstance(node, ast.Name) else None
-
-
-def _plain_names(target) -> list:
-    """The names an assignment target binds itself (`a`, `a, *b`), not those it writes into (`a.x`)."""
-    if isinstance(target, ast.Name):
-        return [target]
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return [n for e in target.elts for n in _plain_names(e)]
-    return _plain_names(target.value) if isinstance(target, ast.Starred) else []
-
-
-def _imported(tree: ast.Module) -> set[str]:
-    """The names a cell's import statements bind."""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
-    return names
-
-
-def _binds(node, name: str) -> bool:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return node.name == name
-    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return any(isinstance(t, ast.Name) and t.id == name for t in targets)
-    return False
 
 
 def chapter_names(source: str) -> tuple[set[str], set[str]]:
