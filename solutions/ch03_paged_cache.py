@@ -98,7 +98,11 @@ print(f"                       ({paged['slots_reserved'] - paged['tokens_stored'
 # 1. **`reserve(seq, n)`** for every sequence of the batch, *before* any compute: make positions
 #    $L, \dots, L+n-1$ writable, where $L$ is the stored length. With block size $b$ and table $T$ the
 #    sequence needs $\lceil (L+n)/b \rceil$ blocks in all, so
-#    $$ \text{new blocks} = \max\left(0,\ \lceil (L+n)/b \rceil - |T|\right). $$
+#
+#    $$
+#    \text{new blocks} = \max\left(0,\ \lceil (L+n)/b \rceil - |T|\right).
+#    $$
+#
 #    If the pool cannot hand out that many, `reserve` raises `OutOfBlocks` and changes *nothing*: the
 #    scheduler (chapter 7) then waits, evicts or preempts and simply tries again.
 # 2. **`set_batch(seqs)`** names the batch's sequences in row order and builds one `[B, M]` tensor of
@@ -236,15 +240,15 @@ YourReserve = PagedKVCache
 #| include engine/cache/paged.py::PagedKVCache.write,gather solve=write,gather
 
 # %% nbgrader={"grade": true, "grade_id": "ch03_test_write", "locked": true, "points": 4, "schema_version": 3, "solution": false}
-ch03.check_write(PagedKVCache)
+ch03.check_write(PagedKVCache, YourReserve)
 ### BEGIN HIDDEN TESTS
-ch03.check_write(PagedKVCache, block_size=3, seed=6)
+ch03.check_write(PagedKVCache, YourReserve, block_size=3, seed=6)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "ch03_test_gather", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-ch03.check_gather(PagedKVCache)
+ch03.check_gather(PagedKVCache, YourReserve)
 ### BEGIN HIDDEN TESTS
-ch03.check_gather(PagedKVCache, block_size=2, seed=7)
+ch03.check_gather(PagedKVCache, YourReserve, block_size=2, seed=7)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_keep2", "locked": true, "schema_version": 3, "solution": false}
@@ -312,12 +316,12 @@ explorer(show_pool, block_size=([2, 4, 8], 4), seed=(0, 3, 0))
 #| include engine/cache/paged.py::PagedKVCache.free,truncate solve=free,truncate
 
 # %% nbgrader={"grade": true, "grade_id": "ch03_test_free", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-ch03.check_free(PagedKVCache)
+ch03.check_free(PagedKVCache, YourStorage, YourReserve)
 
 # %% nbgrader={"grade": true, "grade_id": "ch03_test_truncate", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-ch03.check_truncate(PagedKVCache)
+ch03.check_truncate(PagedKVCache, YourStorage, YourReserve)
 ### BEGIN HIDDEN TESTS
-ch03.check_truncate(PagedKVCache, block_size=3, seed=8)
+ch03.check_truncate(PagedKVCache, YourStorage, YourReserve, block_size=3, seed=8)
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch03_milestone_md", "locked": true, "schema_version": 3, "solution": false}
@@ -336,15 +340,14 @@ ch03.check_truncate(PagedKVCache, block_size=3, seed=8)
 # method checks on your class and quotes the first one that fails.
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_together", "locked": true, "schema_version": 3, "solution": false}
-class YourCache(YourStorage, YourReserve, PagedKVCache):
-    """Your reserve, set_batch, write, gather, free and truncate; the rest is the
-    engine's."""
+YourCache = ch03.your_cache(PagedKVCache, YourStorage, YourReserve)
 
 
 # %% nbgrader={"grade": true, "grade_id": "ch03_test_engine", "locked": true, "points": 6, "schema_version": 3, "solution": false}
-ch03.check_cache_matches_scratch(YourCache)
+ch03.check_cache_matches_scratch(PagedKVCache, YourStorage, YourReserve)
 ### BEGIN HIDDEN TESTS
-ch03.check_cache_matches_scratch(YourCache, block_size=3, seed=1)
+ch03.check_cache_matches_scratch(PagedKVCache, YourStorage, YourReserve,
+                                   block_size=3, seed=1)
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch03_yours_demo_md", "locked": true, "schema_version": 3, "solution": false}

@@ -274,7 +274,7 @@ class Attach(PrefixCache, Keys):
     """Your attach and detach, calling your chain and matches from Exercise 5.1."""
 
 # %% nbgrader={"grade": true, "grade_id": "ch05_test_attach", "locked": true, "points": 4, "schema_version": 3, "solution": false}
-ch05.check_attach(Attach)
+ch05.check_attach(Attach, Keys)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_remember_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 5.4 After prefill: `remember`
@@ -310,7 +310,7 @@ class Remember(PrefixCache, Keys):
     """Your remember, calling your chain and matches from Exercise 5.1."""
 
 # %% nbgrader={"grade": true, "grade_id": "ch05_test_remember", "locked": true, "points": 3, "schema_version": 3, "solution": false}
-ch05.check_remember(Remember)
+ch05.check_remember(Remember, Attach, Keys)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_evict_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 5.5 When the pool runs low: eviction
@@ -372,7 +372,7 @@ for entries in (1_000, 10_000, 30_000):
 Evict = PrefixCache
 
 # %% nbgrader={"grade": true, "grade_id": "ch05_test_evict", "locked": true, "points": 4, "schema_version": 3, "solution": false}
-ch05.check_evict(Evict)
+ch05.check_evict(Evict, Remember, Attach, Keys)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_milestone_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 5.6 The milestone: your prefix cache in the engine

@@ -3,6 +3,7 @@ the paged cache with a hint that names that bug."""
 import pytest
 
 from engine.cache.paged import PagedKVCache
+from engine.cache.errors import OutOfBlocks
 from engine.cache.slots import blocks_needed
 from engine.checks import ch03
 from fixtures.check_support import by_name, cases, fails, fails_with, hosted, mutant, passes, stub
@@ -250,3 +251,113 @@ def test_utilization_demo_reproduces_the_seed():
     paged = ch03.utilization(PagedKVCache, lengths, 16)
     assert paged["tokens_stored"] == sum(lengths)
     assert 0.95 < paged["utilization"] < 1.0
+
+
+# ---- honest styles: each check drives the learner's own classes, put together as one -------------------
+
+def counted(method):
+    """A learner's own decorator: counts the calls of a method on the instance."""
+    import functools
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        self.__dict__["calls"] = self.__dict__.get("calls", 0) + 1
+        return method(self, *args, **kwargs)
+    return wrapper
+
+
+class ReserveBySuper(PagedKVCache):
+    """Exercise 3.1 with zero-argument super(), a property and a helper method of its own."""
+
+    @property
+    def free_blocks(self):
+        return self.allocator.num_free
+
+    def _more_blocks(self, table, seq, n):
+        return max(0, blocks_needed(self.lengths[seq] + n, self.block_size) - len(table))
+
+    def reserve(self, seq, n):
+        table = super().table(seq)
+        copies = self.shared_writes(seq, n)
+        new = self._more_blocks(table, seq, n)
+        if new + len(copies) > self.free_blocks:
+            raise OutOfBlocks(new + len(copies), self.free_blocks, f"sequence {seq}")
+        for index in copies:
+            self.copy_on_write(seq, index)
+        table.extend(self.allocator.allocate(new))
+
+
+class StorageChained(ReserveBySuper):
+    """Exercise 3.2 written on the learner's own Exercise 3.1 class (class PagedKVCache(PagedKVCache))."""
+
+    @counted
+    def write(self, layer, k, v, positions):
+        return super().write(layer, k, v, positions)
+
+
+class FreeChained(StorageChained):
+    """Exercise 3.3 chained on the learner's Exercise 3.2 class."""
+
+    def free(self, seq):
+        for block in super().table(seq):
+            self.allocator.release(block)
+        del self.tables[seq], self.lengths[seq]
+
+
+class StorageOwn(PagedKVCache):
+    """Exercise 3.2 on the engine's class, as the cell starts (the reserve comes from YourReserve)."""
+
+
+class FreeOwn(PagedKVCache):
+    """Exercise 3.3 on the engine's class, with zero-argument super()."""
+
+    def free(self, seq):
+        for block in super().table(seq):
+            self.allocator.release(block)
+        del self.tables[seq], self.lengths[seq]
+
+
+def test_each_exercise_is_checked_on_the_learners_classes_together():
+    passes(ch03.check_write, StorageOwn, ReserveBySuper)
+    passes(ch03.check_gather, StorageChained, ReserveBySuper)          # chained: the earlier class is inside
+    passes(ch03.check_free, FreeChained, StorageChained, ReserveBySuper)
+    passes(ch03.check_truncate, FreeOwn, StorageOwn, ReserveBySuper)
+    passes(ch03.check_cache_matches_scratch, FreeOwn, StorageOwn, ReserveBySuper)
+    assert "every logit matches" in passes(ch03.check_cache_matches_scratch, FreeChained, StorageChained,
+                                           ReserveBySuper)
+    assert ch03.your_cache(FreeChained, StorageChained, ReserveBySuper) is FreeChained
+    made = ch03.your_cache(FreeOwn, StorageOwn, ReserveBySuper)
+    assert made.__mro__[1:4] == (FreeOwn, StorageOwn, ReserveBySuper)   # the later exercise's methods win
+
+
+def test_an_earlier_exercise_that_fails_is_named_where_it_costs_this_one():
+    message = fails_with(lambda cls: ch03.check_write(cls, SetBatchSortsRows), StorageOwn,
+                         ["runs your reserve and set_batch from Exercise 3.1 (YourReserve) too",
+                          "check_set_batch fails on it", "Fix Exercise 3.1 first"])
+    assert message.startswith("check_write: ")
+
+
+class Mixin:
+    """A learner's own helper class, put in two different orders by two cells."""
+
+
+class ReserveMixinFirst(Mixin, PagedKVCache):
+    pass
+
+
+class FreeMixinLast(PagedKVCache, Mixin):
+    pass
+
+
+def test_classes_without_a_method_order_are_named_in_the_notebooks_terms():
+    message = fails_with(lambda cls: ch03.check_truncate(cls, StorageOwn, ReserveMixinFirst), FreeMixinLast,
+                         ["PagedKVCache (Exercise 3.3)",
+                          "YourReserve (Exercise 3.1)", "cannot be put together into one class",
+                          "no method order", "class X(X) chains them"])
+    assert "YourStorage (Exercise 3.2)" in message
+
+
+def test_the_learners_classes_are_put_together_where_they_live():
+    with hosted(free=FreeOwn, storage=StorageOwn, reserve=ReserveBySuper) as remote:
+        passes(ch03.check_free, remote["free"], remote["storage"], remote["reserve"])
+        passes(ch03.check_write, remote["storage"], remote["reserve"])

@@ -9,6 +9,8 @@ every logit with a from-scratch run. Where a classic bug explains a difference, 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import random
 
 import torch
@@ -16,6 +18,7 @@ import torch
 from engine.cache.errors import OutOfBlocks
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, chosen_letter, compare_logits, expect_equal,
                            expect_raises, fail, passed, review_number, tiny, where_it_lives)
+from engine.checks.compose import together
 from engine.seeded import seeded_tokens
 
 
@@ -41,6 +44,50 @@ def _cache(cls, num_blocks: int, block_size: int, seed: int = 0):
     gather are the learner's whatever device the check runs on."""
     return cls(tiny().config, num_blocks, block_size=block_size, dtype=torch.float32, device="cpu",
                allocator=shuffled_allocator(num_blocks, seed), attention="reference")
+
+
+# The notebook's names of the earlier exercises' classes, the latest first, as the test cells pass them.
+EARLIER = (("YourStorage", "Exercise 3.2", "write and gather"),
+           ("YourReserve", "Exercise 3.1", "reserve and set_batch"))
+
+
+def your_cache(cls, *earlier):
+    """The learner's cache: `cls` (the latest exercise's class, whose methods win) with the classes of the
+    exercises before it (YourStorage, YourReserve), as one class that inherits each (see compose.together);
+    a CheckFailed in the notebook's names when Python finds no method order for them."""
+    if not earlier:
+        return cls
+    named = EARLIER[-len(earlier):]
+    exercise = EARLIER[-len(earlier) - 1][1] if len(earlier) < len(EARLIER) else "Exercise 3.3"
+    labels = (f"PagedKVCache ({exercise})",) + tuple(f"{name} ({ex})" for name, ex, _ in named)
+    made = together("YourCache", labels, cls, *earlier)
+    if isinstance(made, str):
+        raise CheckFailed(made)
+    return made
+
+
+@contextlib.contextmanager
+def _blaming_earlier(subject: str, earlier):
+    """Around a check that runs the earlier exercises' methods too: when it fails and an earlier exercise's
+    own checks fail on its class, the message says so, and that this exercise's points go with it."""
+    try:
+        yield
+    except Exception as error:
+        if not isinstance(error, CheckFailed) and isinstance(error, NotImplementedError):
+            raise
+        probes = {"YourReserve": (check_reserve, check_set_batch), "YourStorage": (check_write, check_gather)}
+        for (name, exercise, methods), cls in zip(EARLIER[-len(earlier):], earlier):
+            for probe in probes[name]:
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        probe(your_cache(cls, *earlier[list(earlier).index(cls) + 1:]))
+                except CheckFailed as probe_failed:
+                    said = str(error) if isinstance(error, CheckFailed) else f"{type(error).__name__}: {error}"
+                    raise CheckFailed(
+                        f"{subject}: {said.removeprefix(subject + ': ')}. This check runs your {methods} from "
+                        f"{exercise} ({name}) too, and {probe.__name__} fails on it ({probe_failed}). Fix "
+                        f"{exercise} first: until it passes, this exercise's points are lost with it") from error
+        raise
 
 
 def _refcounts(cache) -> list[int]:
@@ -384,11 +431,17 @@ def _expect_nothing_stray(cache, pool, stage: str, layer: int, seqs, stored, pos
 
 
 @check
-def check_write(cls, block_size: int = 4, seed: int = 0) -> None:
+def check_write(cls, *earlier, block_size: int = 4, seed: int = 0) -> None:
     """write(layer, k, v, positions) stores each valid position p of row b at block
     block_tables[b, p // bs], offset p % bs, in this layer's K and V pools; skips padding (-1); returns
     kv_lens (the highest position written + 1, never less than the stored length); only the last layer
     commits the new lengths."""
+    with _blaming_earlier("check_write", earlier):
+        _check_write(your_cache(cls, *earlier), block_size, seed)
+
+
+def _check_write(cls, block_size: int, seed: int) -> None:
+    """check_write's work, on the learner's whole class."""
     bs = block_size
     cache = _cache(cls, num_blocks=48, block_size=bs, seed=seed)
     _fresh_pools(cache)
@@ -417,10 +470,16 @@ def check_write(cls, block_size: int = 4, seed: int = 0) -> None:
 
 
 @check
-def check_gather(cls, block_size: int = 4, seed: int = 1) -> None:
+def check_gather(cls, *earlier, block_size: int = 4, seed: int = 1) -> None:
     """gather(pool, kv_lens) reads each row's positions 0..kv_len-1 back through its block table:
     [B, Hkv, L, D] with key j = position j (L at least the longest kv_len; past a row's kv_len,
     anything)."""
+    with _blaming_earlier("check_gather", earlier):
+        _check_gather(your_cache(cls, *earlier), block_size, seed)
+
+
+def _check_gather(cls, block_size: int, seed: int) -> None:
+    """check_gather's work, on the learner's whole class."""
     bs = block_size
     cache = _cache(cls, num_blocks=48, block_size=bs, seed=seed)
     lengths = _lengths(bs) + [3 * bs]
@@ -483,9 +542,15 @@ def _leaked(cache, blocks: list[int], want: list[int]) -> str:
 
 
 @check
-def check_free(cls, block_size: int = 4, seed: int = 2) -> None:
+def check_free(cls, *earlier, block_size: int = 4, seed: int = 2) -> None:
     """free(seq) releases each block of seq's table once (a block another owner still names stays in
     use), then forgets seq's table and length."""
+    with _blaming_earlier("check_free", earlier):
+        _check_free(your_cache(cls, *earlier), block_size, seed)
+
+
+def _check_free(cls, block_size: int, seed: int) -> None:
+    """check_free's work, on the learner's whole class."""
     bs = block_size
     cache = _cache(cls, num_blocks=32, block_size=bs, seed=seed)
     blocks = {s: _hold(cache, s, n) for s, n in enumerate(_lengths(bs))}
@@ -589,9 +654,15 @@ def _check_one_truncate(cache, seq: int, n: int, length: int, reserved: int) -> 
 
 
 @check
-def check_truncate(cls, block_size: int = 4, seed: int = 3) -> None:
+def check_truncate(cls, *earlier, block_size: int = 4, seed: int = 3) -> None:
     """truncate(seq, length) keeps the first ceil(length / bs) blocks in the same list, releases the rest
     (reserved ones too), sets the length; a length outside [0, current] is a ValueError."""
+    with _blaming_earlier("check_truncate", earlier):
+        _check_truncate(your_cache(cls, *earlier), block_size, seed)
+
+
+def _check_truncate(cls, block_size: int, seed: int) -> None:
+    """check_truncate's work, on the learner's whole class."""
     bs = block_size
     cache = _cache(cls, num_blocks=64, block_size=bs, seed=seed)
     proved = Proved("truncate")
@@ -631,11 +702,13 @@ def _diagnose(cls) -> str:
 
 
 @check
-def check_cache_matches_scratch(cls, block_size: int = 4, seed: int = 0, steps: int = 20) -> None:
-    """The decisive check: the tiny model through the learner's cache (scrambled free list), a ragged
-    prefill of lengths bs-1, bs, bs+1, 2bs+1, `steps` decode steps with a rollback, a free and a newcomer
-    on the way; every logit equals a from-scratch run within 1e-5, and the pool is whole at the end."""
+def check_cache_matches_scratch(cls, *earlier, block_size: int = 4, seed: int = 0, steps: int = 20) -> None:
+    """The decisive check: the tiny model through the learner's cache (`cls` with the earlier exercises'
+    classes, as one class; scrambled free list), a ragged prefill of lengths bs-1, bs, bs+1, 2bs+1, `steps`
+    decode steps with a rollback, a free and a newcomer on the way; every logit equals a from-scratch run
+    within 1e-5, and the pool is whole at the end."""
     from engine.generate import cached_step, scratch_logits
+    cls = your_cache(cls, *earlier)
     model = tiny()
     bs = block_size
     lengths = _lengths(bs)

@@ -20,7 +20,8 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, expect_raises,
-                           fail, passed, review_choice, review_number, served, tiny, where_it_lives)
+                           fail, passed, review_choice, review_number, served, tiny)
+from engine.checks.compose import together
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -78,13 +79,26 @@ def _engine_key(prefix, parent, tokens, extra) -> int:
     return prefix.hash_fn(parent, tuple(tokens), tuple(extra))
 
 
-@where_it_lives
+# The notebook's names of the four pieces, the latest first, as the test cells pass them.
+PIECES = ("Evict (Exercise 5.4)", "Remember (Exercise 5.3)", "Attach (Exercise 5.2)", "Keys (Exercise 5.1)")
+
+
+def your_pieces(*pieces):
+    """One PrefixCache class from the pieces given, the latest exercise's first (each a subclass of the
+    engine's that defines only its own methods; a piece may inherit an earlier one): an instance of it is an
+    instance of every piece, so a piece's super() and helpers work wherever a check calls them. A CheckFailed
+    in the notebook's names when Python finds no method order for them (see compose.together)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    made = together("YourPrefixCache", PIECES[-len(pieces):], *pieces)
+    if isinstance(made, str):
+        raise CheckFailed(made)
+    return made
+
+
 def combine(keys, attach, remember, evict):
-    """One PrefixCache class from the four pieces (each a subclass of the engine's that defines only
-    its own methods): the chapter's last check serves requests through it."""
-    parts = list(dict.fromkeys((evict, remember, attach, keys)))     # a class given twice counts once
-    bases = tuple(p for p in parts if not any(o is not p and issubclass(o, p) for o in parts))
-    return type("YourPrefixCache", bases, {})
+    """One PrefixCache class from the four pieces: the chapter's last check serves requests through it."""
+    return your_pieces(evict, remember, attach, keys)
 
 
 # ---- exercise 5.1: the key of a block ----------------------------------------------------------------
@@ -208,9 +222,11 @@ def check_matches(cls) -> None:
 # ---- exercise 5.2: attach and detach --------------------------------------------------------------------
 
 @check
-def check_attach(cls) -> None:
+def check_attach(cls, *earlier) -> None:
     """attach(seq, prompt) creates seq on the longest chain of cached full blocks, shares them, sets
-    its length, always leaves one prompt token to prefill, and counts the lookup; detach undoes it."""
+    its length, always leaves one prompt token to prefill, and counts the lookup; detach undoes it.
+    `earlier`: Keys, when the class does not inherit it already."""
+    cls = your_pieces(cls, *earlier)
     prefix = cls(_cache())
     cache = prefix.cache
     shared = seeded_tokens(2 * BS, 12)
@@ -305,9 +321,11 @@ def _check_undone_admissions(cls) -> None:
 # ---- exercise 5.3: remember ------------------------------------------------------------------------------
 
 @check
-def check_remember(cls) -> None:
+def check_remember(cls, *earlier) -> None:
     """remember(seq, tokens) publishes seq's full blocks whose K/V was computed, each once, with the
-    cache's own reference (self.publish), and returns how many it published."""
+    cache's own reference (self.publish), and returns how many it published. `earlier`: the pieces of the
+    exercises before (Attach, Keys), whose methods the check runs too."""
+    cls = your_pieces(cls, *earlier)
     prefix = cls(_cache())
     cache = prefix.cache
     prompt = seeded_tokens(2 * BS + 1, 16)
@@ -421,9 +439,11 @@ def _evict_one_by_one(prefix) -> list[int]:
 
 
 @check
-def check_evict(cls) -> None:
+def check_evict(cls, *earlier) -> None:
     """evict(blocks_wanted) releases evictable entries (leaves only the cache holds), least recently
-    released first, until blocks_wanted blocks are free; a parent whose last child goes is next."""
+    released first, until blocks_wanted blocks are free; a parent whose last child goes is next.
+    `earlier`: the pieces of the exercises before (Remember, Attach, Keys), whose methods it runs too."""
+    cls = your_pieces(cls, *earlier)
     prefix, (e1, e2, e3, f2) = _eviction_setup(cls)
     cache = prefix.cache
     names = {e1: "e1", e2: "e2", e3: "e3", f2: "f2"}

@@ -1,0 +1,43 @@
+"""The learner's exercise classes of one chapter put together into one class, the way the learner built them.
+
+A chapter whose exercise cells each define a small subclass (chapter 3's three caches, chapter 5's four
+prefix-cache pieces) has checks that drive methods of several exercises on one object. That object must be
+an instance of every class whose methods run on it, so that zero-argument `super()`, the learner's own
+helpers and base classes work as in plain Python. `together` builds that class: the classes given, the one
+under test first (its methods win), each class dropped that another already inherits (a cell that chains
+`class PagedKVCache(PagedKVCache)` brings the earlier one with it), and one class only when that is all
+that is left. Where Python finds no method order for them, it says so in the names the learner's cells use.
+"""
+from __future__ import annotations
+
+from engine.checks import where_it_lives
+
+
+@where_it_lives
+def together(name: str, labels: tuple, *classes) -> type | str:
+    """One class (named `name`) that inherits every class of `classes` (`labels[i]` is how the notebook
+    names `classes[i]`, "YourReserve (Exercise 3.1)"), or a message saying why there is none. Runs where
+    the classes live (the grader's host), so the class it makes is the learner's own."""
+    for cls, label in zip(classes, labels):
+        if not isinstance(cls, type):
+            return (f"{label} is not a class (it is a {type(cls).__name__}): run the cell that defines it "
+                    f"again, and do not rebind the name")
+    parts, kept = [], []
+    for cls, label in zip(classes, labels):
+        if not any(cls is p for p in parts):
+            parts.append(cls)
+            kept.append(label)
+    bases = [(c, label) for c, label in zip(parts, kept)
+             if not any(o is not c and issubclass(o, c) for o in parts)]
+    if len(bases) == 1:
+        return bases[0][0]
+    try:
+        return type(name, tuple(c for c, _ in bases), {"__module__": bases[0][0].__module__,
+                                                       "__doc__": f"{' + '.join(kept)}, as one class."})
+    except TypeError as error:
+        order = ", ".join(label for _, label in bases)
+        return (f"your classes {order} cannot be put together into one class: Python finds no method order "
+                f"for class {name}({', '.join(label.split(' (')[0] for _, label in bases)}) ({error}). Let "
+                f"each exercise's class subclass the engine's class, as its cell starts, or the class of the "
+                f"exercise before it (class X(X) chains them); change the class line of {bases[0][1]}'s cell, "
+                f"run it and the cells after it again")
