@@ -1,15 +1,20 @@
-"""Kernels from source: the judge builds the learner's Triton kernel from the cell's text (a plain
-function in Triton's language, its globals only tl, triton and the cell's constants) and launches it
-itself; whatever the host holds under the kernel's name is never launched, and the launcher takes
-only a function or a kernel triton.jit made.
+"""Kernels from source, launched in a process of their own: the judge takes the learner's Triton kernel
+from the cell's text (a plain function in Triton's language, its globals only tl, triton and the cell's
+constants), never builds or runs it, and launches it in the kernel process (engine.course.sealed.kernelbox),
+which gets the text and the tensors as data and sends back the tensors' bytes. Whatever the host holds
+under the kernel's name is never launched, and the launcher takes only a function or a Triton kernel.
 """
+import os
 import pytest
 import torch
 
 from engine.attention.triton_decode import as_kernel
-from engine.course.grade import grade_notebook
+from engine.course.grade import grade_notebook, sandboxed_grade
+from engine.course.kernel import kernel_argv
 from engine.course.sealed import kernels
-from fixtures.course_support import BUILD, REPO, expanded, stubbed, with_cells_added, write_notebook
+from engine.course.sealed.kernelbox import KernelBox, KernelProcessError, sandboxed_kernel
+from fixtures.course_support import (BUILD, REPO, expanded, sandbox_or_skip, stubbed, with_cells_added,
+                                     with_solution, write_notebook)
 from fixtures.sealed_cases import FAKE_JIT
 
 CH06 = REPO / "solutions" / "ch06_triton_decode.py"
@@ -29,14 +34,80 @@ NOT_KERNEL_CODE = {
     "an inner function": "def k(x_ptr, N: tl.constexpr):\n    def f():\n        pass\n",
     "not a def": "k = lambda x_ptr, N: None\n",
 }
+# Issue 36's route past the text screen: tl.core's `builtins`, reached through a call's result. In the
+# kernel process it reaches that process's builtins only: the marker says where the body ran.
+MARKER = "/tmp/paged-kv-kernel-attack"
+ATTACK_CODE = ("os, sys = __import__('os'), __import__('sys')\n"
+               f"open({MARKER!r}, 'w').write(str(os.getpid()) + ' ' + str(any(m.startswith('engine') "
+               "for m in sys.modules)))\n"
+               "for m in list(sys.modules.values()):\n"
+               "    if getattr(m, '__name__', '').startswith('engine.checks'):\n"
+               "        [setattr(m, n, lambda *a, **k: None) for n in dir(m) if n.startswith('check_')]\n")
+BUILTINS_ATTACK = '''
+def {name}({args}):
+    b = max([tl.core]).builtins
+    max([b]).exec({code!r}, max([b]).vars(b))
+'''
+KERNEL_ARGS = {"ch06_gather_rows": ("gather_rows_program", "x_ptr, index_ptr, out_ptr, rows, cols, s_x, s_out, "
+                                    "BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr"),
+               "ch06_decode_kernel": ("paged_decode_head_program", "q_ptr, k_pool, v_pool, tables_ptr, lengths_ptr, "
+                                      "out_ptr, group, scale, s_qb, s_qh, s_ob, s_oh, s_tb, s_kb, s_kh, s_kn, s_vb, "
+                                      "s_vh, s_vn, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, "
+                                      "BLOCK_N: tl.constexpr")}
 
 
-def test_a_kernel_is_built_from_the_cells_text_and_runs():
-    fn, why = kernels.build("double_program", DOUBLE)
-    assert why == "" and fn.__globals__.keys() >= {"tl", "triton", "SCALE"}
-    x = torch.arange(4.0)
-    as_kernel(fn)[(1,)](x, N=4)
-    assert x.tolist() == [0.0, 2.0, 4.0, 6.0]
+@pytest.fixture()
+def box():
+    made = KernelBox(kernel_argv())
+    yield made
+    made.stop()
+
+
+def test_a_kernel_is_launched_in_the_kernel_process_and_writes_reach_the_judges_tensor(box):
+    program, why = kernels.build("double_program", DOUBLE)
+    assert why == "" and program.constants == {"SCALE": 2}
+    x = torch.arange(8.0)
+    as_kernel(sandboxed_kernel(box, program))[(1,)](x[2:6], N=4)
+    assert x.tolist() == [0.0, 1.0, 4.0, 6.0, 8.0, 10.0, 6.0, 7.0]
+    assert box.process.pid != os.getpid() and box.launches == 1
+
+
+def test_a_kernel_crash_names_its_line_and_the_next_launch_works(box):
+    broken = DOUBLE.replace("tl.load(x_ptr + i)", "tl.load(x_ptr + i[:, None] + tl.zeros((N, 3), tl.int32))")
+    program, _ = kernels.build("double_program", broken)
+    with pytest.raises(RuntimeError) as raised:
+        as_kernel(sandboxed_kernel(box, program))[(1,)](torch.zeros(4), N=4)
+    frames = [f for f in __import__("traceback").extract_tb(raised.value.__cause__.__traceback__)
+              if f.filename == "<kernel double_program>"]
+    assert frames and "tl.store" in frames[-1].line
+    x = torch.ones(4)
+    as_kernel(sandboxed_kernel(box, kernels.build("double_program", DOUBLE)[0]))[(1,)](x, N=4)
+    assert x.tolist() == [2.0] * 4
+
+
+def test_a_kernel_past_its_time_or_a_dead_process_costs_only_that_launch(box):
+    slow = "def spin(x_ptr, N: tl.constexpr):\n    i = 0\n    while i >= 0:\n        i = i + 1\n"
+    program, _ = kernels.build("spin", slow)
+    import time
+    box.deadline = time.monotonic() + 8
+    with pytest.raises(KernelProcessError, match="within the cell's time"):
+        as_kernel(sandboxed_kernel(box, program))[(1,)](torch.zeros(4), N=4)
+    assert box.process is None
+    box.deadline = None
+    x = torch.ones(4)
+    as_kernel(sandboxed_kernel(box, kernels.build("double_program", DOUBLE)[0]))[(1,)](x, N=4)
+    assert x.tolist() == [2.0] * 4
+
+
+def test_the_builtins_route_runs_in_the_kernel_process_not_in_the_judge(box):
+    if os.path.exists(MARKER):
+        os.remove(MARKER)
+    program, why = kernels.build("k", BUILTINS_ATTACK.format(name="k", args="x_ptr, N: tl.constexpr", code=ATTACK_CODE))
+    assert why == ""              # the text screen misses it; the process it runs in is the boundary
+    as_kernel(sandboxed_kernel(box, program))[(1,)](torch.zeros(4), N=4)
+    pid, engine_there = open(MARKER).read().split()
+    os.remove(MARKER)
+    assert int(pid) == box.process.pid and engine_there == "False"
 
 
 @pytest.mark.parametrize("case", sorted(NOT_KERNEL_CODE))
@@ -69,3 +140,43 @@ def test_the_fake_jit_attack_earns_nothing_and_the_solution_everything():
                     or "gather" in e.grade_id}
     assert kernel_tests and set(kernel_tests.values()) == {0}, {e.grade_id: e.message[:160] for e in grade.exercises}
     assert grade.earned == 0, {e.grade_id: e.message[:160] for e in grade.exercises if e.earned}
+
+
+def _leftover_kernel_processes() -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if b"The kernel process: builds" in handle.read():
+                    found.append(entry)
+        except OSError:
+            continue
+    return found
+
+
+def _builtins_attack_notebook(tag: str):
+    notebook = stubbed(expanded(CH06))
+    for grade_id, (name, args) in KERNEL_ARGS.items():
+        notebook = with_solution(notebook, grade_id, BUILTINS_ATTACK.format(name=name, args=args, code=ATTACK_CODE))
+    return write_notebook(notebook, BUILD / "kernels" / tag, CH06.stem)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["plain", "sandboxed"])
+def test_the_builtins_attack_earns_nothing_runs_nothing_in_the_judge_and_leaves_no_process(sandboxed):
+    if sandboxed:
+        sandbox_or_skip()
+    if os.path.exists(MARKER):
+        os.remove(MARKER)
+    path = _builtins_attack_notebook("builtins_" + ("sandboxed" if sandboxed else "plain"))
+    grade = (sandboxed_grade if sandboxed else grade_notebook)(path, CH06, 120)
+    kernel_tests = {e.grade_id: e.earned for e in grade.exercises if e.kind == "test" and (
+        "decode" in e.grade_id or "gather" in e.grade_id)}
+    assert kernel_tests and set(kernel_tests.values()) == {0}, {e.grade_id: e.message[:160] for e in grade.exercises}
+    assert grade.earned == 0
+    if sandboxed:             # its /tmp was the sandbox's own
+        assert not os.path.exists(MARKER)
+    else:                     # it ran, in a process without the engine (the kernel process)
+        assert open(MARKER).read().split()[1] == "False"
+        os.remove(MARKER)
+    assert _leftover_kernel_processes() == []

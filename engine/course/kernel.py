@@ -91,6 +91,16 @@ def host_argv(code: str, home: str) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:] = {path!r}; {code}"]
 
 
+def kernel_argv() -> list[str]:
+    """The kernel process's command line: isolated Python without `site` on the libraries alone, running
+    engine.course.sealed.kernel_runner's text (no file of the course is on its path or opened by it)."""
+    import sys
+
+    from .sealed import kernel_runner
+    code = f"import sys; sys.path[:] = {library_paths()!r}\n" + Path(kernel_runner.__file__).read_text()
+    return [sys.executable, "-I", "-S", "-c", code]
+
+
 def private_copy(home: str) -> str:
     """A copy of the host engine `home`/engine in a fresh temporary folder outside the repository, so that
     no path the host can see leads back to the course's files."""
@@ -182,7 +192,7 @@ class SealedKernel:
         self.commands = os.fdopen(command_write, "w", encoding="utf-8")
         self.results_fd, self.buffer, self.seq = result_read, b"", 0
         import json
-        self._send(json.dumps(dict(self.plan, key=self.key.hex())))
+        self._send(json.dumps(dict(self.plan, key=self.key.hex(), kernel_argv=self._kernel_command())))
         ready = self._receive(0, time.monotonic() + self.startup_timeout)
         if ready is None:
             self.stop()   # __exit__ will not run for a failed __enter__: close the pipes here
@@ -208,6 +218,16 @@ class SealedKernel:
         # the host's environment (COURSE_EXPLORERS=static: explorers draw one state, not every one) is
         # the grader's choice inside the sandbox too
         return self.wrap(argv, self.cwd, readable=[Path(self.host_copy)], env=self.env)
+
+    def _kernel_command(self) -> list[str] | None:
+        """The kernel process's command line (engine.course.sealed.kernel_runner), for a chapter with
+        Triton kernels: isolated Python on the libraries alone, nothing of the course, in the sandbox
+        when the host is; the judge starts it on its first launch. None for a chapter without kernels."""
+        from .sealed.judge import _kernel_names
+        if not _kernel_names(self.plan.get("references", []), self.plan.get("graded", {})):
+            return None
+        argv = kernel_argv()
+        return argv if self.wrap is None else self.wrap(argv, self.cwd, readable=[], env=self.env)
 
     def _why_no_start(self) -> str:
         """What starting Python the same way says, for the message (only run once the worker failed)."""

@@ -26,6 +26,7 @@ import random
 import signal
 import socket
 import sys
+import time
 import types
 
 import torch
@@ -33,6 +34,7 @@ import torch
 from engine.course.sealed.host import (TRUSTED_PREFIX, _Capture, _error_output, _names_bound, _names_read,
                                 _stream_outputs, named)
 from engine.course.sealed import decide, kernels, likeness
+from engine.course.sealed.kernelbox import KernelBox, sandboxed_kernel
 from engine.course.sealed.remote import Channel, RemoteGone, TooSlow
 
 _SHAREABLE_MODULES = ("engine.",)      # the judge hands the host references only to objects of these
@@ -134,6 +136,14 @@ def serve(command_fd: int, result_fd: int, host_fd: int) -> None:
             __import__(module)
         except Exception:
             pass
+    box = KernelBox(plan.pop("kernel_argv", None), cwd=os.getcwd())
+    try:
+        _serve(plan, send, commands, host_fd, box)
+    finally:
+        box.stop()
+
+
+def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
     channel = Channel(socket.socket(fileno=host_fd), "T")
     channel.guard = guard
     channel.screen = _engine_object
@@ -165,11 +175,12 @@ def serve(command_fd: int, result_fd: int, host_fd: int) -> None:
             graded.update(graded_by_cell.get(name, {}))
             sources.update((bound, source) for bound in _names_bound(source))
             notebook.add(name, source)
-            built.update((k, kernels.build(k, source)) for k in kernel_names & _names_bound(source))
+            built.update((k, _sandboxed(box, *kernels.build(k, source))) for k in kernel_names & _names_bound(source))
         elif kind == "trusted":
             notebook.chapter_cell(source)
         budget = Budget.of(job.get("timeout"))
         channel.allowance = budget.wall
+        box.deadline = None if budget.wall is None else time.monotonic() + budget.wall
         try:
             used = sorted(_names_read(source) & set(graded))
             reasons = notebook.reasons(used) if kind == "test" else []
@@ -223,7 +234,8 @@ def _run(channel: Channel, namespace: dict, mine: dict, graded: dict, source: st
     cells' text, why the test must not count; what the host reports is only shown."""
     if kind != "test":
         result = _checked(channel.request("cell", None, source, kind, name, budget.cpu), CELL_REPLY)
-        if kind == "trusted" and run_here:
+        if kind == "trusted" and run_here:      # its names are the chapter's: never asked of the host
+            mine.setdefault(_CHAPTER_NAMES, set()).update(_names_bound(source))
             if _run_here(channel, namespace, mine, graded, source, name, built, quiet=True)[0] == "ok":
                 mine.update((n, namespace[n]) for n in _names_bound(source) if n in namespace)
         return {"status": result["status"], "outputs": result["outputs"], "verdict": {},
@@ -247,22 +259,25 @@ def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, sourc
               built: dict, quiet: bool) -> tuple[str, list]:
     """Run a chapter cell in the judge. Names it reads: the judge's own binding of a chapter name, the
     host's object for an exercise's name or anything else the chapter's cells here did not bind."""
-    wanted = sorted(n for n in _names_read(source) if n in graded or n not in mine)
+    chapter = mine.get(_CHAPTER_NAMES, set())
+    wanted = sorted(n for n in _names_read(source) if n in graded or (n not in mine and n not in chapter))
     wanted = [n for n in wanted if n in graded or not hasattr(builtins, n)]
     for bound, value in mine.items():
         namespace[bound] = value
     for stale in [n for n in namespace if n not in mine and not n.startswith("__")]:
         del namespace[stale]
-    if wanted:
-        namespace.update(channel.request("lookup", None, wanted))
-    for kernel, (fn, why) in built.items():   # a kernel is the judge's build of the cell's text, never the host's
-        if kernel in wanted:
-            namespace[kernel] = fn if fn is not None else _not_a_kernel(why)
+    namespace["__builtins__"] = builtins
+    namespace.pop(_CHAPTER_NAMES, None)
     out, err = _Capture(), _Capture()
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = out, err
     status, error = "ok", None
     try:
+        if wanted:
+            namespace.update(_looked_up(channel.request("lookup", None, wanted), wanted))
+        for kernel, (fn, why) in built.items():   # a kernel is the text's, launched in the kernel process
+            if kernel in wanted:
+                namespace[kernel] = fn if fn is not None else _not_a_kernel(why)
         exec(compile(source, f"{TRUSTED_PREFIX}{name}>", "exec"), namespace)
     except RemoteGone:
         raise
@@ -273,6 +288,28 @@ def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, sourc
     if quiet:
         return status, []
     return status, _stream_outputs(out, err) + ([error] if error else [])
+
+
+_CHAPTER_NAMES = "__chapter_names__"   # in `mine`: every name the chapter's cells the judge ran bind
+
+
+class ReplyRefused(Exception):
+    """The host answered a request with something it was not asked for: the test fails, saying what."""
+
+
+def _looked_up(reply, wanted: list) -> dict:
+    """The host's objects for the names a test reads: a mapping of some of exactly those names (a name
+    it lacks stays unbound, as in a notebook), each to data or a Remote. A reply with another name
+    (the checks' module, a builtin, a name of the judge's), or not a mapping of names, is refused
+    whole: nothing of it reaches the test's names."""
+    if type(reply) is not dict:
+        raise ReplyRefused(f"the notebook's process answered the grader's request for {', '.join(wanted)} with "
+                           f"a {type(reply).__name__}, not the names asked for")
+    extra = sorted(repr(k)[:40] for k in reply if type(k) is not str or k not in wanted)
+    if extra:
+        raise ReplyRefused(f"the notebook's process answered the grader's request for {', '.join(wanted)} with "
+                           f"names it did not ask for ({', '.join(extra[:5])}): this test does not count")
+    return reply
 
 
 def _reference_tokens(references: list, graded: dict) -> dict:
@@ -327,6 +364,11 @@ def _kernel_names(references: list, graded: dict) -> set[str]:
         except (ImportError, AttributeError, OSError, TypeError):
             continue
     return found
+
+
+def _sandboxed(box: KernelBox, program, why: str):
+    """(what the checks launch for a kernel the judge took from the text, why it cannot be one)."""
+    return (sandboxed_kernel(box, program) if program is not None else None), why
 
 
 def _not_a_kernel(why: str):

@@ -1,17 +1,17 @@
-"""A learner's Triton kernel, built by the judge from the cell's text: never the host's object.
+"""A learner's Triton kernel, taken from the cell's text: never the host's object.
 
 A kernel exercise's graded name is a plain function in Triton's language (the course's launcher
 `engine.attention.triton_decode.as_kernel` makes it a kernel with triton.jit). The judge takes the
-function's definition out of the learner cell's syntax tree, checks that it is kernel code and nothing
-else (arithmetic, comparisons, loops and branches over its arguments and locals, `tl.*` and
-`triton.*`, a few builtins, the cell's own integer constants), compiles it with only those names as
-its globals and hands the checks that function, which they launch in the judge. What the host holds
-under that name (whatever it is, "indexed by a grid" or not) is never launched.
+function's definition out of the learner cell's syntax tree and checks that it is kernel code and
+nothing else (arithmetic, comparisons, loops and branches over its arguments and locals, `tl.*` and
+`triton.*`, a few builtins, the cell's own integer constants): a first screen, not the boundary. The
+kernel is built and launched in the kernel process (engine.course.sealed.kernelbox), never in the
+judge; what the host holds under that name (whatever it is, "indexed by a grid" or not) is never
+launched.
 """
 from __future__ import annotations
 
 import ast
-import linecache
 
 BUILTINS = ("range", "min", "max", "float", "int", "bool", "len", "abs")
 # Attributes a kernel's values (Triton tensors) may be asked for: what kernels use, nothing that
@@ -82,11 +82,9 @@ def _refusal(definition: ast.FunctionDef, allowed: set[str]) -> str:
 
 
 def build(name: str, source: str):
-    """(the kernel function built from `source`'s definition of `name`, '') or (None, why not)."""
-    import builtins
-
-    import triton
-    import triton.language as tl
+    """(the kernel `name` as `source` defines it: a kernelbox.Program, '') or (None, why not). Nothing of
+    it runs here: the kernel process (engine.course.sealed.kernelbox) builds and launches it."""
+    from engine.course.sealed.kernelbox import Program
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError) as error:
@@ -100,10 +98,4 @@ def build(name: str, source: str):
     if why:
         return None, f"your kernel {name} is not plain Triton code: {why}"
     definition.decorator_list = []
-    text = ast.unparse(definition) + "\n"
-    filename = f"<kernel {name}>"
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)   # Triton reads the source
-    namespace = {"tl": tl, "triton": triton, **constants,
-                 "__builtins__": {n: getattr(builtins, n) for n in BUILTINS}}
-    exec(compile(text, filename, "exec"), namespace)   # noqa: S102 - checked above: only a def of kernel code
-    return namespace[name], ""
+    return Program(name, ast.unparse(definition) + "\n", constants), ""
