@@ -1,0 +1,201 @@
+"""Honest learner code of every ordinary style counts; a graded name the learner did not write does not.
+
+The sealed grader reads from the cells' text only whether each graded name is the learner's own `def`
+or `class` (engine.course.sealed.decide); everything else a learner cell does (import, open, print,
+explore, decorate, time, shell out, run a cell twice, answer over two cells) is graded as the code it
+holds. Each variant below is one small change a learner makes to a chapter's full-mark solution: at the
+unit level the judge's own record of the notebook refuses none of its tests; through the real grader a
+few representative ones keep full marks. A graded name bound by an import, an assignment or a lambda
+still earns nothing, whatever else the notebook does.
+"""
+import re
+
+import pytest
+
+from engine.course import exercises
+from engine.course.cells import python_source
+from engine.course.grade import cell_kind, grade_notebook
+from engine.course.sealed import decide
+from engine.course.sealed.host import _names_read
+from fixtures.course_support import BUILD, REPO, expanded, stubbed, with_cell_edited, with_cells_added, write_notebook
+
+CHAPTERS = {p.stem[:4]: p for p in (REPO / "solutions").glob("ch0*.py")}
+
+
+def judged(notebook, chapter: str) -> dict[str, list[str]]:
+    """{test grade id: the judge's reasons it must not count} for `notebook`, read as the judge reads it:
+    every code cell in order, the exercise cells adding their graded names."""
+    plan = exercises.plan_for(CHAPTERS[chapter]).for_worker()
+    graded, by_cell = dict(plan["graded"]), plan["graded_by_cell"]
+    book = decide.Notebook(graded)
+    reasons = {}
+    for seq, cell in enumerate((c for c in notebook.cells if c.cell_type == "code"), 1):
+        kind, name = cell_kind(cell), cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell{seq}"
+        if kind == "learner":
+            graded.update(by_cell.get(name, {}))
+            book.add(name, cell.source)
+        elif kind == "trusted":
+            book.chapter_cell(cell.source)
+        else:
+            reasons[name] = book.reasons(sorted(_names_read(cell.source) & set(graded)))
+    return reasons
+
+
+def solution(chapter: str):
+    return expanded(CHAPTERS[chapter])
+
+
+def scratch(chapter: str, after: str, *sources: str):
+    """The chapter's solution with learner cells of its own after cell `after`."""
+    return lambda: with_cells_added(solution(chapter), after, *sources)
+
+
+def edited(chapter: str, cell: str, edit):
+    return lambda: with_cell_edited(solution(chapter), cell, edit)
+
+
+def over_two_cells(chapter: str, cell: str):
+    """The exercise cell left as handed out (its stub) and the answer typed into a new cell below it."""
+    def make():
+        answer = next(c.source for c in solution(chapter).cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell)
+        stub = next(c.source for c in stubbed(solution(chapter)).cells
+                    if c.metadata.get("nbgrader", {}).get("grade_id") == cell)
+        notebook = with_cell_edited(solution(chapter), cell, lambda _: stub)
+        return with_cells_added(notebook, cell, answer)
+    return make
+
+
+def twice(chapter: str, cell: str):
+    """The exercise cell copied and run again just below itself."""
+    def make():
+        answer = next(c.source for c in solution(chapter).cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell)
+        return with_cells_added(solution(chapter), cell, answer)
+    return make
+
+
+def decorated(method: str, decorator: str):
+    """Insert `decorator` above `def method(` (at its indentation)."""
+    def edit(source):
+        return re.sub(rf"^(\s*)def {method}\(", lambda m: f"{m.group(1)}{decorator}{m.group(1)}def {method}(",
+                      source, count=1, flags=re.M)
+    return edit
+
+
+def in_body(method: str, line: str):
+    """Insert `line` as the first statement of `method` (after its signature)."""
+    def edit(source):
+        return re.sub(rf"(\n(\s*)def {method}\(.*?\).*?:\n)", lambda m: f"{m.group(1)}{m.group(2)}    {line}\n",
+                      source, count=1, flags=re.S)
+    return edit
+
+
+# name: (chapter, the notebook). Each was refused by the list of names before (issue 36's honest variants).
+VARIANTS = {
+    "print(dir(engine)) in a scratch cell": ("ch05", scratch("ch05", "ch05_setup", "print(dir(engine))\n")),
+    "json, pathlib, open and globals() in a scratch cell": ("ch07", scratch("ch07", "ch07_setup", (
+        "import json\nfrom pathlib import Path\nwith open('notes.json', 'w') as f:\n    json.dump({'seen': 1}, f)\n"
+        "print(Path('notes.json').read_text(), sorted(globals())[:3])\n"))),
+    "vars(), .__dict__ and traceback in a scratch cell": ("ch03", scratch("ch03", "ch03_setup", (
+        "import traceback\nprint(sorted(vars(ReferenceCache))[:3], list(ReferenceCache.__dict__)[:3])\n"
+        "traceback.print_stack(limit=1)\n"))),
+    "import sys in a scratch cell": ("ch01", scratch("ch01", "ch01_setup", "import sys\nprint(sys.version)\n")),
+    "logging, IPython.display, torch.manual_seed in a scratch cell": ("ch02", scratch("ch02", "ch02_setup", (
+        "import logging\nlogging.basicConfig(level=logging.INFO)\nlogging.getLogger('notes').info('hi')\n"
+        "from IPython.display import Markdown, display\ndisplay(Markdown('**notes**'))\ntorch.manual_seed(1)\n"))),
+    "@torch.no_grad() on copy_on_write": ("ch04", edited("ch04", "ch04_cache",
+                                                         decorated("copy_on_write", "@torch.no_grad()\n"))),
+    "@functools.cache on blocks_needed": ("ch02", edited("ch02", "ch02_blocks_needed", lambda s: (
+        "import functools\n\n\n" + decorated("blocks_needed", "@functools.cache\n")(s)))),
+    "@staticmethod and @property helpers in the class": ("ch03", edited("ch03", "ch03_free", lambda s: s + (
+        "\n    @staticmethod\n    def _kept(length):\n        return length\n\n"
+        "    @property\n    def in_use(self):\n        return len(self.tables)\n"))),
+    "setattr in truncate": ("ch03", edited("ch03", "ch03_free", in_body("truncate", (
+        "setattr(self, 'last_truncated', (seq, length))")))),
+    "%%time on an exercise cell": ("ch02", edited("ch02", "ch02_physical_slot", lambda s: "%%time\n" + s)),
+    "%timeit, !cmd, %matplotlib inline in scratch cells": ("ch02", scratch(
+        "ch02", "ch02_physical_slot", "%timeit physical_slot([3, 1], 5, 4)\n",
+        "%matplotlib inline\n!echo hello\nfiles = !ls\n", "%%time\nrows = [physical_slot([3, 1], p, 4) for p in range(8)]\n")),
+    "a cell run twice": ("ch03", twice("ch03", "ch03_free")),
+    "an exercise answered over two cells": ("ch02", over_two_cells("ch02", "ch02_allocator")),
+    "a class answered over two cells": ("ch04", over_two_cells("ch04", "ch04_cache")),
+    "a class chained onto the learner's own": ("ch05", edited("ch05", "ch05_evict", lambda s: s.replace(
+        "class PrefixCache(engine.cache.prefix.PrefixCache):", "class PrefixCache(PrefixCache):", 1))),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_an_honest_variant_is_refused_nowhere(variant):
+    chapter, make = VARIANTS[variant]
+    reasons = judged(make(), chapter)
+    assert reasons and all(why == [] for why in reasons.values()), {t: w for t, w in reasons.items() if w}
+
+
+def test_the_solutions_themselves_are_refused_nowhere():
+    for chapter in CHAPTERS:
+        reasons = judged(solution(chapter), chapter)
+        assert all(why == [] for why in reasons.values()), (chapter, {t: w for t, w in reasons.items() if w})
+
+
+NOT_WRITTEN = {   # the graded name bound by something else than the learner's def or class
+    "the engine's class imported under the graded name": (
+        "ch02_allocator", "from engine.cache.allocator import BlockAllocator\n", "not a class written"),
+    "Name = engine.x.Y": ("ch02_allocator", "import engine.cache.allocator\n"
+                          "BlockAllocator = engine.cache.allocator.BlockAllocator\n", "not a class written"),
+    "a lambda assigned": ("ch02_physical_slot", "physical_slot = lambda table, pos, block_size: "
+                          "(table[pos // block_size], pos % block_size)\n", "not a function written with def"),
+    "the engine's method set on the class": ("ch02_allocator", None, "sets BlockAllocator.allocate"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_WRITTEN))
+def test_a_graded_name_the_learner_did_not_write_is_refused(case):
+    cell, source, says = NOT_WRITTEN[case]
+    if source is None:   # the learner's class, then a scratch cell puts the engine's method on it
+        notebook = with_cells_added(solution("ch02"), "ch02_allocator",
+                                    "BlockAllocator.allocate = ReferenceAllocator.allocate\n")
+    else:
+        notebook = with_cell_edited(solution("ch02"), cell, lambda _: source)
+    name = "BlockAllocator" if cell == "ch02_allocator" else "physical_slot"
+    refused = {test: why for test, why in judged(notebook, "ch02").items() if why}
+    assert refused and all(any(says in w and "must be your own code" in w for w in why)
+                           for why in refused.values()), refused
+    tests = {"BlockAllocator": {"ch02_test_allocator_basics", "ch02_test_allocator_errors", "ch02_test_refcounts"},
+             "physical_slot": {"ch02_test_physical_slot"}}
+    assert tests[name] <= set(refused), refused
+
+
+@pytest.mark.parametrize("source, python", [
+    ("%%time\nx = 1\ndef f():\n    return 2\n", "\nx = 1\ndef f():\n    return 2\n"),
+    ("\n%%timeit -n 3 y = 2\nx = y\n", "\ny = 2\nx = y\n"),
+    ("%timeit -n 10 -r 2 f(x)\n", "f(x)\n"),
+    ("!ls -l\nfiles = !ls\n", "pass\nfiles = []\n"),
+    ("%matplotlib inline\nimport torch\n", "pass\nimport torch\n"),
+    ("def f():\n    %time g()\n    return 1\n", "def f():\n    g()\n    return 1\n"),
+    ("%%capture out\nprint(1)\n", "\nprint(1)\n"),
+    ("%%writefile notes.py\nprint(1)\n", "\n"),
+    ("x = 1\n", "x = 1\n"),
+    ("x = 1 +\n", "x = 1 +\n"),
+])
+def test_ipython_syntax_is_read_as_the_code_it_holds_line_for_line(source, python):
+    assert python_source(source) == python
+
+
+# Through the real grader: one notebook per chapter holding several variants at once, full marks.
+GRADED = {
+    "ch02": lambda: with_cell_edited(with_cells_added(
+        with_cell_edited(solution("ch02"), "ch02_physical_slot", lambda s: "%%time\n" + s),
+        "ch02_setup", "import json, sys\nfrom pathlib import Path\nprint(dir(engine)[:3], sorted(globals())[:2], "
+        "vars(ReferenceAllocator)['__module__'], json.dumps(sys.version_info[:2]), Path('.').exists())\n",
+        "%matplotlib inline\n!echo hello\n"), "ch02_blocks_needed", lambda s: (
+        "import functools\n\n\n" + decorated("blocks_needed", "@functools.cache\n")(s))),
+    "ch04": lambda: with_cell_edited(solution("ch04"), "ch04_cache", decorated("copy_on_write", "@torch.no_grad()\n")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", sorted(GRADED))
+def test_honest_variants_keep_full_marks_through_the_grader(chapter):
+    path = write_notebook(GRADED[chapter](), BUILD / "honest" / chapter, CHAPTERS[chapter].stem)
+    result = grade_notebook(path, CHAPTERS[chapter], 120)
+    lost = {e.grade_id: e.message for e in result.exercises if e.kind == "test" and e.earned != e.possible}
+    assert lost == {} and result.earned == result.possible > 0, lost
