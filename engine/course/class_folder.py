@@ -28,6 +28,7 @@ import argparse
 import configparser
 import csv
 import math
+import os
 import re
 import shutil
 import sys
@@ -128,11 +129,21 @@ def read_roster(path: Path) -> ClassRoster:
     return roster
 
 
+def owners_checked(roster: ClassRoster) -> bool:
+    """Whether collect takes a submission only from the account it names: where every student of the
+    roster is a local account (a hub), not where the whole class runs in one account (a test)."""
+    from .inbound import is_account
+    return all(is_account(person.ident) for person in roster.students)
+
+
 def class_settings(roster: ClassRoster, exchange: str | None) -> str:
-    """The lines nbgrader_config.py gets for a class: the late penalty and (when given) the exchange."""
+    """The lines nbgrader_config.py gets for a class: the late penalty, the collect that takes only what
+    belongs to who it names (engine/course/inbound.py) and (when given) the exchange."""
     lines = ["# The class (engine/course/class_folder.py): late penalties through nbgrader's plugin.",
              'c.AssignLatePenalties.plugin_class = "engine.course.class_folder.LatePenalty"',
-             f"c.LatePenalty.per_day = {roster.late_penalty_per_day!r}"]
+             f"c.LatePenalty.per_day = {roster.late_penalty_per_day!r}",
+             'c.ExchangeFactory.collect = "engine.course.inbound.OwnedCollect"',
+             f"c.OwnedCollect.require_owner = {owners_checked(roster)!r}"]
     if exchange:
         lines.append(f"c.Exchange.root = {str(exchange)!r}")
     return "\n".join(lines) + "\n"
@@ -163,6 +174,7 @@ def prepare(course_dir: Path, roster_file: Path, solutions: Path | None = None, 
     exchange = str(exchange or exchange_root(course_dir))     # the site's (or nbgrader's) when not given
     hide = [Path(exchange)]
     prepare_course(course_dir, chapters, timeout or AUTOGRADE_CELL_TIMEOUT, sandbox, hide)
+    exchange_course_folder(Path(exchange))
     with (course_dir / "nbgrader_config.py").open("a") as config:
         config.write(class_settings(roster, exchange))
     with Gradebook(f"sqlite:///{course_dir / 'gradebook.db'}", COURSE_ID) as gradebook:
@@ -174,6 +186,37 @@ def prepare(course_dir: Path, roster_file: Path, solutions: Path | None = None, 
     return {"course directory": course_dir, "roster": course_dir / "roster.ini",
             "gradebook": course_dir / "gradebook.db",
             "chapters to release": course_dir / "release", "chapter sources": solutions}
+
+
+def exchange_course_folder(exchange: Path) -> Path:
+    """The course's folder in the exchange, this account's: made where missing (inbound/ 3733: students
+    write, only its owner and group list it, and nobody removes another's entry); a SystemExit naming the
+    owner where it belongs to another account (a student could have made it before the instructor)."""
+    from .nbgrader_course import COURSE_ID
+    folder = exchange / COURSE_ID
+    if not exchange.is_dir():
+        return folder              # nbgrader's release_assignment makes the exchange (and says so)
+    for path, mode in ((folder, 0o755), (folder / "inbound", 0o3733)):
+        if not path.is_dir():
+            path.mkdir()
+            os.chmod(path, mode)
+        elif path.stat().st_uid != os.geteuid():
+            from .inbound import _account
+            raise SystemExit(f"prepare: the exchange's {path} belongs to {_account(path.stat().st_uid)}, not to "
+                             "you: it controls what students fetch and submit. Have root remove it (make "
+                             "hub-accounts makes it for the roster's first instructor), then prepare again")
+    return folder
+
+
+def describe(roster: ClassRoster, course_dir: Path) -> list[str]:
+    """What prepare stored, for the instructor to check: the students, each chapter's due date, the rules."""
+    people = ", ".join(person.ident for person in roster.students)
+    lines = [f"students ({len(roster.students)}): {people}"]
+    lines += [f"{ident} due {due:%Y-%m-%d %H:%M} UTC" for ident, due in roster.due.items()]
+    lines.append(f"late penalty: {roster.late_penalty_per_day:g} of the score per started day late")
+    lines.append("collect takes a submission only from the account it names: "
+                 + ("yes" if owners_checked(roster) else "no (not every student is a local account here)"))
+    return [f"prepare: stored in {course_dir}: " + lines[0], *(f"prepare: {line}" for line in lines[1:])]
 
 
 # ---- after students submit through the exchange -------------------------------------------------
@@ -193,17 +236,19 @@ def exchange_root(course_dir: Path) -> Path:
     return Path(root if isinstance(root, str) else DEFAULT_EXCHANGE)
 
 
-def submission_times(course_dir: Path, assignment: str) -> dict[str, list[str]]:
-    """{student: every time they submitted ASSIGNMENT, oldest first}, read from the exchange's inbound."""
-    from nbgrader.utils import parse_utc
-
+def inbound_entries(course_dir: Path, assignment: str) -> tuple[list, list]:
+    """(the submissions of ASSIGNMENT collect takes, the entries of inbound/ it refuses): engine/course/inbound.py."""
+    from .inbound import sort_inbound
     from .nbgrader_course import COURSE_ID
-    inbound = exchange_root(course_dir) / COURSE_ID / "inbound"
+    require = _config_value(course_dir, "OwnedCollect", "require_owner", bool)
+    return sort_inbound(exchange_root(course_dir) / COURSE_ID / "inbound", assignment, require is not False)
+
+
+def submission_times(course_dir: Path, assignment: str) -> dict[str, list[str]]:
+    """{student: every time they submitted ASSIGNMENT, oldest first}, of the submissions collect takes."""
     found: dict[str, list] = {}
-    for entry in (inbound.iterdir() if inbound.is_dir() else []):
-        parts = entry.name.split("+")
-        if len(parts) >= 3 and parts[1] == assignment:
-            found.setdefault(parts[0], []).append(parse_utc(parts[2]))
+    for entry in inbound_entries(course_dir, assignment)[0]:
+        found.setdefault(entry.student, []).append(entry.timestamp)
     return {student: [str(t) for t in sorted(times)] for student, times in found.items()}
 
 
@@ -234,8 +279,8 @@ def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
 
 
 def collect(course_dir: Path, assignment: str) -> list[Path]:
-    """nbgrader collect --update (the latest submission replaces an earlier one), the history recorded;
-    the collected notebooks."""
+    """nbgrader collect --update (the latest submission replaces an earlier one; only what belongs to
+    who it names, engine/course/inbound.py), the history recorded; the collected notebooks."""
     from .nbgrader_course import run_nbgrader
     from .nbgrader_course import NbgraderError
     try:
@@ -245,6 +290,22 @@ def collect(course_dir: Path, assignment: str) -> list[Path]:
         raise SystemExit(f"grade: nbgrader collect {assignment} failed: {said[0] if said else error}") from None
     record_history(course_dir, assignment, submission_times(course_dir, assignment))
     return sorted((Path(course_dir) / "submitted").glob(f"*/{assignment}/*.ipynb"))
+
+
+NOT_COLLECTED = "not-collected.csv"
+
+
+def not_collected(course_dir: Path, assignment: str) -> list[str]:
+    """What collect refused in inbound/, one line each (who it names, who owns it, why), also written to
+    course/not-collected.csv (every chapter's, the latest round of each)."""
+    path = Path(course_dir) / NOT_COLLECTED
+    refused = inbound_entries(course_dir, assignment)[1]
+    rows = [r for r in read_csv(path) if r["assignment"] != assignment]
+    rows += [{"assignment": assignment, "inbound": e.name, "names": e.student, "owner": e.owner, "why": e.why}
+             for e in refused]
+    if rows:
+        _write_csv(path, ["assignment", "inbound", "names", "owner", "why"], rows)
+    return [entry.line() for entry in refused]
 
 
 def set_aside(course_dir: Path, notebooks: list[Path], chapters: list[Path]) -> tuple[list[Path], list]:
@@ -272,7 +333,7 @@ def grade(course_dir: Path, assignment: str, jobs: int = 2, sandbox: str = "auto
     """The instructor's round for one chapter after the students submitted: {what: where}."""
     from . import export, reports
     from .autograde import grade_submissions, run_tolerant
-    from .nbgrader_course import AUTOGRADE_CELL_TIMEOUT, run_nbgrader
+    from .nbgrader_course import AUTOGRADE_CELL_TIMEOUT, NbgraderError, run_nbgrader
     course_dir = Path(course_dir).resolve()
     roster = read_roster(course_dir / "roster.ini")
     solutions = Path(_config_value(course_dir, "SealedExecute", "solutions") or repo_root() / "solutions")
@@ -283,6 +344,9 @@ def grade(course_dir: Path, assignment: str, jobs: int = 2, sandbox: str = "auto
     steps = {}
     started = time.monotonic()
     collected = collect(course_dir, assignment)
+    refused = not_collected(course_dir, assignment)
+    for line in refused:
+        progress(f"not collected: {line}")
     steps["collect"] = time.monotonic() - started
     gradable, faults = set_aside(course_dir, collected, chapter_files(solutions))
     for fault in faults:
@@ -302,9 +366,16 @@ def grade(course_dir: Path, assignment: str, jobs: int = 2, sandbox: str = "auto
     outputs = reports.write_all(course_dir, roster, chapters, faults)
     outputs["export"] = export.write(course_dir, roster, chapters)
     steps["feedback and reports"] = time.monotonic() - started
+    if refused:
+        outputs["not collected"] = Path(course_dir) / NOT_COLLECTED
     if release:
         started = time.monotonic()
-        run_nbgrader(course_dir, "release_feedback", assignment)
+        try:
+            run_nbgrader(course_dir, "release_feedback", assignment)
+        except NbgraderError as error:   # the feedback made is kept; the instructor sees why in one place
+            log = Path(course_dir) / "logs" / "release_feedback.log"
+            log.write_text(str(error))
+            progress(f"release_feedback {assignment} failed: see {log}")
         steps["release_feedback"] = time.monotonic() - started
     progress("steps: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in steps.items()))
     return outputs
@@ -315,11 +386,11 @@ def _fault(student: str, assignment: str, why: str):
     return Fault(student, assignment, why, assignment)
 
 
-def _config_value(course_dir: Path, section: str, name: str):
+def _config_value(course_dir: Path, section: str, name: str, kind: type = str):
     from traitlets.config.loader import PyFileConfigLoader
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course_dir)).load_config()
     value = config.get(section, {}).get(name)
-    return value if isinstance(value, str) else None
+    return value if isinstance(value, kind) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.roster.is_file():
             parser.error(f"--roster {args.roster} is not a file (copy engine/course/hub/roster.example.ini)")
         outputs = prepare(args.course, args.roster, args.solutions, args.exchange, args.sandbox)
+        print("\n".join(describe(read_roster(args.roster), outputs["course directory"])))
     else:
         if not (args.course / "roster.ini").is_file():
             parser.error(f"--course {args.course} has no roster.ini: run make course ROSTER=... first")

@@ -2,10 +2,17 @@
 the instructors only.
 
 Each student and instructor of the roster gets a local account (useradd, a home of its own, no password:
-give one with `passwd` when the hub logs in with PAM). Each instructor's own Jupyter configuration turns
-on formgrader, the course list and "Create Assignment" (setup.sh turned them off for everyone) and points
-nbgrader at their course folder (`~/course` unless --course). `--remove` deletes the roster's accounts
-and their homes: for tests, and for a class that is over. As root.
+give one with `passwd` when the hub logs in with PAM). Instructors join the instructors' group
+(paged-kv-instructors: they read the install's solutions/, tests and full engine, and use the grading
+cgroups setup.sh delegates). Each instructor's own Jupyter configuration turns on formgrader, the course
+list and "Create Assignment" (setup.sh turned them off for everyone) and points nbgrader at their course
+folder (`~/course` unless --course). The course's folder in the exchange is made here, the first
+instructor's, before any student could make one: `inbound/` 3733 (students write into it, only the
+instructors list it, and no one removes another's entry).
+
+`--remove` is the teardown of a class that is over (and of tests): the roster's accounts, their
+processes and homes, the course's folder in the exchange and every file the accounts left there, and
+with --hub-state the hub's state folder (its database, cookie secret, proxy pid). As root.
 """
 from __future__ import annotations
 
@@ -13,12 +20,15 @@ import argparse
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 INSTRUCTOR_TOOLS = ["formgrader", "course-list", "create-assignment"]   # @jupyter/nbgrader:NAME
 INSTRUCTOR_SERVER = ["nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list"]
+INSTRUCTORS_GROUP = "paged-kv-instructors"     # setup.sh makes it; src/ and the grading cgroups are its
+COURSE_ID = "paged-kv-course"
 
 
 def exists(account: str) -> bool:
@@ -55,10 +65,52 @@ def enable_instructor(account: str, course: str, lines: list[str]) -> None:
     nbgrader_settings(account, [f"c.CourseDirectory.root = {root!r}", *lines])
 
 
+def site_exchange() -> Path:
+    """The exchange the site's nbgrader configuration names (setup.sh), else nbgrader's default."""
+    config = Path(sys.prefix) / "etc" / "jupyter" / "nbgrader_config.py"
+    for line in config.read_text().splitlines() if config.is_file() else []:
+        if line.startswith("c.Exchange.root = "):
+            return Path(line.split("=", 1)[1].strip().strip("\"'"))
+    return Path("/srv/nbgrader/exchange")
+
+
+def course_folder(exchange: Path, instructor: str) -> list[str]:
+    """The course's folder in the exchange, the instructor's, its inbound/ writable but not listable by
+    students; an earlier folder that is not the instructor's is moved aside (what was done, one line each)."""
+    owner = pwd.getpwnam(instructor)
+    group = grp_id()
+    exchange.mkdir(parents=True, exist_ok=True)
+    os.chmod(exchange, 0o1777)          # sticky: nobody renames or removes another account's folder
+    said = []
+    folder = exchange / COURSE_ID
+    if folder.exists() and (folder.is_symlink() or folder.stat().st_uid != owner.pw_uid):
+        aside = exchange.with_name(f"{exchange.name}-set-aside")
+        aside.mkdir(mode=0o700, exist_ok=True)
+        target = aside / f"{COURSE_ID}.{os.stat(folder, follow_symlinks=False).st_uid}"
+        shutil.rmtree(target, ignore_errors=True)
+        folder.rename(target)
+        said.append(f"{folder} was not {instructor}'s: moved to {target}")
+    for path, mode in ((folder, 0o755), (folder / "inbound", 0o3733), (folder / "outbound", 0o755)):
+        path.mkdir(exist_ok=True)
+        os.chown(path, owner.pw_uid, group if group is not None else owner.pw_gid)
+        os.chmod(path, mode)
+    return said
+
+
+def grp_id() -> int | None:
+    import grp
+    try:
+        return grp.getgrnam(INSTRUCTORS_GROUP).gr_gid
+    except KeyError:
+        return None
+
+
 def create(roster, course: str, exchange: str | None = None) -> list[str]:
     """Add the accounts that are missing (and, with `exchange`, point each at that exchange instead of the
-    site's); the accounts made."""
+    site's), instructors in the instructors' group, the course's exchange folder; the accounts made."""
     made = []
+    if grp_id() is None:
+        subprocess.run(["groupadd", "--system", INSTRUCTORS_GROUP], check=True)
     for person in [*roster.instructors, *roster.students]:
         if not exists(person.ident):
             name = " ".join(filter(None, [person.first_name, person.last_name]))
@@ -68,19 +120,38 @@ def create(roster, course: str, exchange: str | None = None) -> list[str]:
             made.append(person.ident)
     lines = [f"c.Exchange.root = {exchange!r}"] if exchange else []
     for person in roster.instructors:
+        subprocess.run(["usermod", "--append", "--groups", INSTRUCTORS_GROUP, person.ident], check=True)
         enable_instructor(person.ident, course, lines)
+    if roster.instructors:
+        for line in course_folder(Path(exchange) if exchange else site_exchange(), roster.instructors[0].ident):
+            print(line)
     for person in roster.students if lines else []:
         nbgrader_settings(person.ident, lines)
     return made
 
 
-def remove(roster) -> list[str]:
+def remove(roster, exchange: Path, state: Path | None = None) -> list[str]:
+    """The class's teardown: the accounts (processes, homes), the course's exchange folder and what the
+    accounts left in the exchange, and the hub's state folder; what was removed."""
     gone = []
-    for person in [*roster.instructors, *roster.students]:
-        if exists(person.ident):
-            subprocess.run(["pkill", "-u", person.ident], check=False)
-            subprocess.run(["userdel", "--remove", person.ident], check=False, capture_output=True)
-            gone.append(person.ident)
+    people = [person.ident for person in [*roster.instructors, *roster.students]]
+    uids = {pwd.getpwnam(name).pw_uid for name in people if exists(name)}
+    if exchange.is_dir():
+        if (exchange / COURSE_ID).exists():
+            shutil.rmtree(exchange / COURSE_ID, ignore_errors=True)
+            gone.append(str(exchange / COURSE_ID))
+        for path in sorted(exchange.iterdir()):
+            if os.lstat(path).st_uid in uids:
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                gone.append(str(path))
+    for name in people:
+        if exists(name):
+            subprocess.run(["pkill", "-KILL", "-u", name], check=False)
+            subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+            gone.append(name)
+    if state is not None and state.is_dir():
+        shutil.rmtree(state)
+        gone.append(str(state))
     return gone
 
 
@@ -91,13 +162,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--roster", type=Path, required=True)
     parser.add_argument("--course", default="~/course", help="each instructor's course folder")
     parser.add_argument("--exchange", help="an exchange folder for these accounts (default: the site's)")
-    parser.add_argument("--remove", action="store_true", help="delete the roster's accounts and homes")
+    parser.add_argument("--remove", action="store_true", help="the teardown: the roster's accounts and homes, "
+                        "the course's exchange folder and what they left in the exchange (and --hub-state)")
+    parser.add_argument("--hub-state", type=Path, help="with --remove: the hub's state folder too "
+                        "(jupyterhub_config.py's HUB_STATE, /srv/jupyterhub)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         parser.error("run as root: it adds (or removes) local accounts")
     roster = read_roster(args.roster)
     if args.remove:
-        print("removed:", " ".join(remove(roster)) or "none")
+        exchange = Path(args.exchange) if args.exchange else site_exchange()
+        print("removed:", " ".join(remove(roster, exchange, args.hub_state)) or "none")
     else:
         print("created:", " ".join(create(roster, args.course, args.exchange)) or "none (all there)")
     return 0
