@@ -101,6 +101,18 @@ def mapping_ignores_table(block_tables, positions, bs):
     return torch.where(positions >= 0, positions, -1)
 
 
+def mapping_next_block(block_tables, positions, bs):
+    """(pos + 1) // bs: the last slot of each block put in the next block (and past a full table)."""
+    safe = positions.clamp(min=0)
+    return torch.where(positions >= 0, block_tables.gather(1, (safe + 1) // bs) * bs + safe % bs, -1)
+
+
+def mapping_row_zero(block_tables, positions, bs):
+    """Every row's positions looked up in the first row's table."""
+    safe = positions.clamp(min=0)
+    return torch.where(positions >= 0, block_tables[0][safe // bs] * bs + safe % bs, -1)
+
+
 def mapping_off_by_one(block_tables, positions, bs):
     out = slots.slot_mapping(block_tables, positions, bs)
     return out.where(positions < 0, out + 1)
@@ -124,6 +136,10 @@ def mapping_off_by_one(block_tables, positions, bs):
         mapping_keeps_padding: ["position -1", "expected -1", "padding"],
         mapping_off_by_one: ["expected 28, got 29", "one slot off"],
         mapping_ignores_table: ["expected 28, got 8", "block table was ignored", "table[pos // bs] = 7"],
+        mapping_next_block: ["slot_mapping crashed with", "index 3 is out of bounds", "off by one at a block boundary",
+                             "(pos + 1) // bs"],
+        mapping_row_zero: ["row 1 (table [2, 9, 0]), position 3", "expected 11, got 23",
+                           "every row read the first table row", "block_tables[b, pos // bs]"],
     },
 }), ids=by_name)
 def test_slot_math_bug_is_caught(check, bug, words):

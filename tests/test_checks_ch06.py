@@ -84,9 +84,12 @@ if attention_pkg.triton_installed():
             if BUG == 1:                                 # no tail mask anywhere
                 valid = pos >= 0
                 load_ok = valid
-            if BUG == 2:                                 # scores masked, loads not
+            table_ok = load_ok
+            if BUG == 2:                                 # scores and the table masked, K/V loads not
                 load_ok = pos >= 0
-            block = tl.load(row + pos // BLOCK_SIZE, mask=load_ok, other=0)
+            if BUG == 11:                                # the block-table load without a mask
+                table_ok = pos >= 0
+            block = tl.load(row + pos // BLOCK_SIZE, mask=table_ok, other=0)
             if BUG == 4:                                 # logical block as the physical one
                 block = pos // BLOCK_SIZE
             slot = pos % BLOCK_SIZE
@@ -272,6 +275,7 @@ def test_a_shape_error_names_the_kernels_line_where_the_grader_runs_it(host):
     (7, "never rescales", ALL_DECODE_CHECKS),
     (8, "every sequence reads row 0", ALL_DECODE_CHECKS),
     (9, "not tables_ptr + b", ALL_DECODE_CHECKS),
+    (11, "the block-table load has no mask", {"check_decode_kernel", "check_decode_garbage"}),
 ])
 def test_decode_bugs_are_named(bug, words, failing):
     kernel = Planted(buggy_decode, bug)

@@ -13,7 +13,8 @@ import random
 import torch
 
 from engine.cache.errors import BlockRefError, OutOfBlocks
-from engine.checks import ATOL, ceil_div, check, compare_logits, expect_equal, expect_raises, fail, passed, tiny
+from engine.checks import (ATOL, CheckFailed, ceil_div, check, compare_logits, expect_equal, expect_raises, fail,
+                           passed, tiny)
 from engine.seeded import seeded_tokens
 
 # Block sizes and lengths where slot math goes wrong: one short of a block, a full block, one past.
@@ -104,9 +105,66 @@ def check_blocks_needed(blocks_needed) -> None:
            "blocks of 16 need 3")
 
 
+OFF_BY_ONE_BLOCK = ("off by one at a block boundary: each position was put in the logical block of the position "
+                    "after it ((pos + 1) // bs), so the last slot of every block lands in the next block, and "
+                    "the last position of a full table runs past it. Logical block = pos // bs, offset = pos % bs")
+ROW_ZERO = ("every row read the first table row: row b's positions map through its own table, "
+            "block_tables[b, pos // bs], not block_tables[0, ...] (index the table with the row too)")
+WRONG_ROW = ("each row read another row's table: row b's positions map through block_tables[b, pos // bs]; "
+             "keep the batch index of each position when you look its block up")
+
+
+def _mapping_probe(slot_mapping) -> str | None:
+    """The classic slot_mapping bug that reproduces the learner's answer on a batch whose tables are wide
+    enough that no bug runs past them (positions at every boundary, rows with distinct tables), or None."""
+    bs = 4
+    tables = torch.tensor([[5, 1, 7, 6, 11], [2, 9, 3, 8, 10], [4, 12, 13, 14, 15]], dtype=torch.long)
+    positions = torch.tensor([[3, 4, 7, 8], [0, 3, 4, 11], [1, 5, 8, -1]], dtype=torch.long)
+    try:
+        got = slot_mapping(tables.clone(), positions.clone(), bs)
+        got = [[int(x) for x in row] for row in torch.as_tensor(got).tolist()]
+    except Exception:  # a crash here says nothing more than the check's own
+        return None
+    valid = positions >= 0
+    p = positions.clamp(min=0)
+    rows = torch.arange(len(tables))[:, None].expand_as(p)
+    emulated = {OFF_BY_ONE_BLOCK: tables[rows, (p + 1) // bs] * bs + p % bs,
+                ROW_ZERO: tables[0][p // bs] * bs + p % bs,
+                WRONG_ROW: tables[(rows + 1) % len(tables), p // bs] * bs + p % bs}
+    right = tables[rows, p // bs] * bs + p % bs
+    for hint, slots in emulated.items():
+        if hint == ROW_ZERO or hint == WRONG_ROW:
+            same = all(got[b][t] == int(slots[b, t]) for b in range(1, len(tables)) for t in range(4) if valid[b, t])
+        else:
+            same = all(got[b][t] == int(slots[b, t]) for b in range(len(tables)) for t in range(4) if valid[b, t])
+        if same and any(got[b][t] != int(right[b, t]) for b in range(len(tables)) for t in range(4) if valid[b, t]):
+            return hint
+    return None
+
+
 @check
 def check_slot_mapping(slot_mapping) -> None:
-    """`slot_mapping(block_tables [B, M], positions [B, T], bs) -> slots [B, T]`, -1 where padding."""
+    """`slot_mapping(block_tables [B, M], positions [B, T], bs) -> slots [B, T]`, -1 where padding. When a
+    slot is wrong, or the function crashes, the hint names the rule the numbers break (see _mapping_probe)."""
+    try:
+        _check_slot_mapping(slot_mapping)
+    except CheckFailed as failed:
+        why = _mapping_probe(slot_mapping)
+        if why is None:
+            raise
+        raise CheckFailed(f"{str(failed).partition('. Hint: ')[0]}. Hint: {why}") from failed
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        why = _mapping_probe(slot_mapping)
+        if why is None:
+            raise
+        fail(f"slot_mapping crashed with {type(error).__name__}: {error}, on a batch whose tables are as wide as "
+             "its positions need", hint=why)
+
+
+def _check_slot_mapping(slot_mapping) -> None:
+    """check_slot_mapping's cases: the example batch, then ragged batches for every block size."""
     bs = 4
     tables = torch.tensor([[5, 1, 7], [2, 9, 0], [3, 0, 0]], dtype=torch.long)
     positions = torch.tensor([[8, 9, 10, 11],
@@ -184,7 +242,8 @@ def _boundary_hint(pos: int, bs: int) -> str:
         return (f"position {pos} is the FIRST slot of logical block {pos // bs}, not the last of block "
                 f"{pos // bs - 1}: use pos // bs and pos % bs, with no +1 or -1")
     if pos % bs == bs - 1:
-        return f"position {pos} is the LAST slot of logical block {pos // bs}: offset {bs - 1}"
+        return (f"position {pos} is the LAST slot of logical block {pos // bs} (offset {bs - 1}), not the first "
+                f"of block {pos // bs + 1}: use pos // bs and pos % bs, with no +1 or -1")
     return "logical block = pos // bs, offset = pos % bs, physical block = table[logical block]"
 
 

@@ -13,6 +13,7 @@ checks fail with a message that says so, and the others still run.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import inspect
 import math
@@ -361,11 +362,60 @@ def decode_case(lens: list[int], group: int, kv_heads: int = 2, block_size: int 
 
 
 def run_decode(kernel, case: dict) -> torch.Tensor:
-    """The learner's kernel on one case through the engine's launcher: [B, Hq, D] on the CPU."""
+    """The learner's kernel on one case through the engine's launcher: [B, Hq, D] on the CPU. In Triton's
+    interpreter a kernel whose output is right but that read block-table entries past a row's last block
+    fails here (see _table_reads_past_rows); a wrong output is left to the checks' diagnosis."""
     from engine.attention.triton_decode import paged_decode_per_head
     dev = _device()
     args = [case[name].to(dev) for name in ("q", "k_pool", "v_pool", "block_tables", "q_positions", "kv_lens")]
-    return launch(paged_decode_per_head, *args, kernel=kernel, block_n=case["block_n"])[:, :, 0].cpu()
+    with _table_reads_past_rows(args[3], case) as past:
+        out = launch(paged_decode_per_head, *args, kernel=kernel, block_n=case["block_n"])[:, :, 0].cpu()
+    if past and _close(out, reference(case), case):
+        (row, column), counts = past[0], [ceil_div(n, case["k_pool"].shape[2]) for n in case["kv_lens"].tolist()]
+        fail(f"your paged decode kernel ({_describe(case)}) read block-table entries past a row's last block: "
+             f"row {row} has {counts[row]} block(s) for its {int(case['kv_lens'][row])} tokens, and the kernel "
+             f"loaded its column {column} ({len(past)} such reads in all)", hint=UNMASKED_TABLE)
+    return out
+
+
+UNMASKED_TABLE = ("the block-table load has no mask: the last tile's positions past the sequence's length "
+                  "read entries past the row's last block. Here those are padding; in the engine the table is "
+                  "only as wide as the longest row, so on a GPU such a read can leave the tensor. Load the "
+                  "table with the positions' mask too: tl.load(..., mask=valid, other=0)")
+
+
+@contextlib.contextmanager
+def _table_reads_past_rows(table: torch.Tensor, case: dict):
+    """Under Triton's interpreter, around one launch: yields a list that fills, as the launch runs, with the
+    (row, column) of each block-table entry the kernel loaded (mask on) past its row's last block. A
+    compiled launch is not watched (the list stays empty)."""
+    past: list[tuple[int, int]] = []
+    if os.environ.get("TRITON_INTERPRET") != "1" or table.device.type != "cpu":
+        yield past
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+    builder = interpreter.interpreter_builder
+    base, item, (rows, width) = table.data_ptr(), table.element_size(), table.shape
+    counts = np.array([ceil_div(n, case["k_pool"].shape[2]) for n in case["kv_lens"].tolist()])
+    load = builder.create_masked_load
+
+    def watched(ptrs, mask, *rest):
+        addresses = np.asarray(ptrs.data).astype(np.int64, copy=False)
+        on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+        index = (addresses[on] - base) // item
+        inside = index[(index >= 0) & (index < rows * width)]
+        row, column = inside // width, inside % width
+        beyond = column >= counts[row]
+        if beyond.any() and len(past) < 64:
+            past.extend(zip(row[beyond].tolist(), column[beyond].tolist()))
+        return load(ptrs, mask, *rest)
+
+    builder.create_masked_load = watched
+    try:
+        yield past
+    finally:
+        vars(builder).pop("create_masked_load", None)
 
 
 def reference(case: dict) -> torch.Tensor:
