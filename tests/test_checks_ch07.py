@@ -65,6 +65,11 @@ ModeFromConfig = mutant(Scheduler, "preempt", """
 +    mode = self.config.preemption
 """, name="ModeFromConfig")
 # A recomputed victim keeps its num_computed, as if its K/V were still there.
+# A recompute victim is reset but never queued again: it waits nowhere, and its request never finishes.
+PreemptNeverRequeues = mutant(Scheduler, "preempt", """
+-        self.waiting.appendleft(seq)
++        pass
+""", name="PreemptNeverRequeues")
 RecomputeNotReset = mutant(Scheduler, "preempt", """
 -        seq.num_computed = 0
 """, name="RecomputeNotReset")
@@ -255,6 +260,8 @@ def test_bug_costs_only_its_own_exercise(check, bug):
 
 @pytest.mark.parametrize("scheduler, cache, words", [
     (PreemptNeverFrees, PagedKVCache, ["blocks were never freed"]),
+    (PreemptNeverRequeues, PagedKVCache, ["its output against a solo run", "check_preempt fails on your scheduler too",
+                                          "put it at the FRONT of self.waiting"]),
     (AdmitWithoutReserving, PagedKVCache, ["admission without reserving", "out of blocks mid-step"]),
     (Scheduler, SwapInWrongOrder, ["from-scratch run", "wrong order"]),
     (Scheduler, SwapInForgetsLength, ["crashed with KeyError", "check_swap fails", "has no length",
@@ -269,12 +276,13 @@ def test_bug_fails_serving_under_pressure(scheduler, cache, words):
     assert "admission without reserving" not in message or scheduler is AdmitWithoutReserving
 
 
-@pytest.mark.parametrize("bug", [RecomputeNotReset, OldestVictim, PreemptNeverFrees, AdmitWithoutRoomCheck,
+@pytest.mark.parametrize("bug", [RecomputeNotReset, PreemptNeverRequeues, OldestVictim, PreemptNeverFrees,
+                                 AdmitWithoutRoomCheck,
                                  ForkSharesSeed, AdmitCountsCachedTokens, TrueAfterEvicting, ModeFromConfig,
                                  ForkStartsFromZero], ids=by_name)
 def test_scheduler_bugs_fail_only_their_exercise(bug):
     """A bug in one exercise leaves the checks of the others passing."""
-    exercise = {RecomputeNotReset: {"check_preempt"},
+    exercise = {RecomputeNotReset: {"check_preempt"}, PreemptNeverRequeues: {"check_preempt"},
                 PreemptNeverFrees: {"check_preempt", "check_reserve_or_preempt"},
                 OldestVictim: {"check_choose_victim", "check_reserve_or_preempt"},
                 AdmitWithoutRoomCheck: {"check_admit"}, ForkSharesSeed: {"check_parallel_sampling"},

@@ -747,11 +747,17 @@ def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed
     sched = engine.scheduler
     kept = [r for r in requests if r.request_id != victim]
     solos = generate(tiny(), [r.prompt for r in kept], kept[0].params)   # from scratch, one batch
+    scheduler_problem: list = []           # _scheduler_problem(sched_cls), asked once, on the first failure
+
     def hint_for(seq) -> str:
         modes = engine.preempt_modes.get(seq.seq_id, [])
         problem = _swap_problem(cache_cls) if seq.seq_id in engine.swapped_out else None
         if problem:
             return f"it went through your swap_out and swap_in, and check_swap fails on them: {problem}"
+        if modes and not scheduler_problem:
+            scheduler_problem.append(_scheduler_problem(sched_cls))
+        if modes and scheduler_problem[0]:       # the first failure, not the symptom it causes here
+            return f"it was preempted, and {scheduler_problem[0]}"
         if "recompute" in modes:
             return NOT_RESET
         if modes:
@@ -764,7 +770,7 @@ def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed
         what = (f"request {request.request_id} ({len(request.prompt)}-token prompt, preempted "
                 f"{seq.preemptions} time(s){', swapped' if seq.seq_id in engine.swapped_out else ''})")
         if len(seq.logits) != len(seq.output):
-            fail(f"{what}: logit rows kept vs output tokens", len(seq.output), len(seq.logits), NOT_RESET)
+            fail(f"{what}: logit rows kept vs output tokens", len(seq.output), len(seq.logits), hint_for(seq))
         want = scratch_logits(tiny(), [seq.tokens])[0][seq.prompt_len - 1:-1]
         for attempt in range(2):              # the hint (which may replay check_swap) only on a failure
             hint = hint_for(seq) if attempt else None
