@@ -368,6 +368,7 @@ def test_a_wrong_answer_restates_the_question_with_its_numbers():
     message = fails(ch08.check_review_table_entries, 16_384)
     assert "16384 is not the number of block-table entries of one 100,000-token sequence in blocks of 48" in message
     assert "ceil(100,000 / 48)" in message
+    assert "16,384 answers an earlier wording of R3 (1,048,576 tokens in blocks of 64)" in message  # a kept notebook
     assert "int8 blocks of 16 (80 layers, 8 KV heads of 128" in fails(ch08.check_review_int8_bytes, 1)
 
 

@@ -751,4 +751,7 @@ def check_review_table_entries(answer) -> None:
                   {tokens // size: "the last, partial block needs an entry too: round up",
                    tokens / size: "a table holds whole blocks: round up to a whole number",
                    ceil_div(tokens, 16): f"that is for blocks of 16; the question asks for blocks of {size}",
-                   tokens * size: "entries = tokens / block size, not times"})
+                   tokens * size: "entries = tokens / block size, not times",
+                   2 ** 20 // 64: f"16,384 answers an earlier wording of R3 (1,048,576 tokens in blocks of 64), "
+                                  f"kept in an older copy of this notebook; R3 now asks for one sequence of "
+                                  f"{tokens:,} tokens in blocks of {size}: ceil({tokens:,} / {size})"})
