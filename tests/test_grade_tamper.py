@@ -1,32 +1,39 @@
 """Scores learner code cannot forge, and exercises that must be the learner's own code (make grade).
 
 Each case (tests/fixtures/sealed_cases.py) is graded as the learner's `make grade` does, in the sealed
-worker; a cheat earns exactly the honest score of what it leaves (0 here), whatever it does to the
-checks, torch, the builtins, sys.modules, the interpreter or the grader's channel. The same cases go
-through nbgrader's autograde in tests/test_grade_sandbox.py.
+worker, its host in the sandbox where bubblewrap works; a cheat earns exactly the honest score of what
+it leaves (0 here), whatever it does to the checks, torch, the builtins, sys.modules, the interpreter,
+the disk or the grader's channel, and honest habits (imports, files, magics, decorators) keep every
+point: no list of names is read from the cells, only whether each graded name is the learner's own def
+or class. The same cases go through nbgrader's autograde in tests/test_grade_sandbox.py.
 """
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine.course.grade import grade_notebook
+from engine.course import sandbox
+from engine.course.grade import grade_notebook, sandboxed_grade
 from fixtures.course_support import BUILD, SEALED_CHAPTER, once_per_run, write_notebook
-from fixtures.sealed_cases import CASES, OWN, SLOT
+from fixtures.sealed_cases import CASES, NEEDS_SANDBOX, OWN, SLOT
 
 pytestmark = [pytest.mark.slow]
 TIMEOUT_S = 30
 
 
 def grade_all() -> dict:
-    """{case: {"earned": {test: points}, "messages": {test: message}, "flags": [...]}} for every case."""
+    """{case: {"earned": {test: points}, "messages": {test: message}, "flags": [...]}} for every case
+    (those that need the sandbox left out where there is none)."""
+    boxed = sandbox.available()[0]
+    grader = sandboxed_grade if boxed else grade_notebook
+
     def one(name):
         make, _, _ = CASES[name]
         path = write_notebook(make(), BUILD / "tamper" / name, SEALED_CHAPTER.stem)
-        result = grade_notebook(path, SEALED_CHAPTER, TIMEOUT_S)
+        result = grader(path, SEALED_CHAPTER, TIMEOUT_S)
         return name, {"earned": {e.grade_id: e.earned for e in result.exercises if e.kind == "test"},
                       "messages": {e.grade_id: e.message for e in result.exercises}, "flags": result.flags}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(one, CASES))
+        return dict(pool.map(one, [name for name in CASES if boxed or name not in NEEDS_SANDBOX]))
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +43,8 @@ def graded():
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_case_earns_exactly_its_honest_score(graded, case):
+    if case not in graded:
+        pytest.skip(f"{case}: only the sandbox keeps the course's files from the host, and there is none here")
     _, expected, words = CASES[case]
     got = graded[case]
     assert got["earned"] == expected, got["messages"]
@@ -60,7 +69,10 @@ def test_a_verbatim_copy_of_the_reference_is_flagged_not_zeroed(graded):
 
 
 def test_tampering_and_probing_are_flagged_for_the_instructor(graded):
-    assert any("refused: your cell" in f and "setattr()" in f for f in graded["cheat_noop_checks"]["flags"])
+    # the host's copy of the checks replaced: the judge runs its own, so nothing is earned, and no list
+    # of names refuses the cell (it earns nothing because the stubs fail the judge's checks)
+    assert set(graded["cheat_noop_checks"]["earned"].values()) == {0}
+    assert not any("graded notebooks may not" in m for m in graded["cheat_noop_checks"]["messages"].values())
     assert any("refused" in f and "garbage collector" in f for f in graded["cheat_gc_key_hunt"]["flags"])
     assert any("refused" in f and "tracing hook" in f for f in graded["cheat_settrace"]["flags"])
 
@@ -69,16 +81,24 @@ def test_a_renamed_copy_typed_into_the_cell_is_flagged_by_meaning(graded):
     flags = " ".join(graded["flagged_renamed_reference"]["flags"])
     assert "ch98_test_allocator: typed in, the reference's code (copied, renamed or reformatted)" in flags, flags
     assert "BlockAllocator is the reference's code by meaning" in flags
-    assert "renamed or reformatted" not in " ".join(graded["honest_own_subclass"]["flags"])
+    # the reference's statements in the reference's order, with messages of its own: on structure alone
+    # that is the reference too (a flag for the instructor; its points are kept)
+    assert graded["honest_own_subclass"]["earned"]["ch98_test_allocator"] == 2
     assert "renamed or reformatted" not in " ".join(graded["own_imported"]["flags"])   # refused, not typed
 
 
-def test_code_made_at_run_time_is_refused_from_the_cells_text(graded):
+def test_code_made_at_run_time_is_not_the_learners_own_work(graded):
     messages = graded["own_recompiled_reference"]["messages"]
-    assert "your ch98_physical_slot imports inspect, calls exec(), calls compile()" in messages[SLOT], messages
-    assert "imports inspect" in messages["ch98_test_allocator"], messages
+    assert "physical_slot is not defined in any of your cells" in messages[SLOT] and OWN in messages[SLOT], messages
+    assert "BlockAllocator is not defined in any of your cells" in messages["ch98_test_allocator"], messages
     refused = " ".join(graded["own_recompiled_reference"]["flags"])
     assert "compile code under the file name '<learner ch98_physical_slot>'" in refused, refused
+
+
+def test_honest_habits_around_the_solution_keep_every_point_and_raise_no_flag(graded):
+    got = graded["honest_habits"]
+    assert got["earned"] == CASES["honest_habits"][1], got["messages"]
+    assert not any("refused" in flag or "may not" in flag for flag in got["flags"]), got["flags"]
 
 
 def test_memory_and_helper_probes_are_refused_and_flagged(graded):
