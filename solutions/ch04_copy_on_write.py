@@ -129,9 +129,10 @@ print(f"a beam diverging in a block that holds {diverge_slots} of its {bs} token
 # its own new blocks. So
 #
 # $$
-# \text{blocks}_{\text{shared}} = \lfloor L/b \rfloor + n\left(\lceil (L+g)/b \rceil - \lfloor L/b \rfloor\right)
-# \quad\text{vs}\quad
-# \text{blocks}_{\text{unshared}} = n \lceil (L+g)/b \rceil .
+# \begin{aligned}
+# \text{blocks}_{\text{shared}} &= \lfloor L/b \rfloor + n\left(\lceil (L+g)/b \rceil - \lfloor L/b \rfloor\right),\\
+# \text{blocks}_{\text{unshared}} &= n \lceil (L+g)/b \rceil .
+# \end{aligned}
 # $$
 #
 # **Reserve first, then copy.** `reserve(seq, n)` runs before the forward pass. It counts the copies

@@ -127,9 +127,10 @@ print(f"paged runs {ratio:.1f}x as many sequences as max slots on the same bytes
 # the running sequences to grow into:
 #
 # $$
-# \text{admit} \iff \text{free} \ge \text{blocks wanted}(\text{prompt} - \text{cached}) + \text{margin},
-# \qquad
-# \text{margin} = \max\left(m,\ \lceil w \cdot \text{pool} \rceil\right),
+# \begin{aligned}
+# \text{admit} &\iff \text{free} \ge \text{blocks wanted}(\text{prompt} - \text{cached}) + \text{margin},\\
+# \text{margin} &= \max\left(m,\ \lceil w \cdot \text{pool} \rceil\right),
+# \end{aligned}
 # $$
 #
 # where $m$ is `margin_blocks`, $w$ the `watermark` and "pool" the number of blocks in the pool,
