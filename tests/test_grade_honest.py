@@ -45,6 +45,10 @@ def solution(chapter: str):
     return expanded(CHAPTERS[chapter])
 
 
+def source_of(notebook, cell: str) -> str:
+    return next(c.source for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell)
+
+
 def scratch(chapter: str, after: str, *sources: str):
     """The chapter's solution with learner cells of its own after cell `after`."""
     return lambda: with_cells_added(solution(chapter), after, *sources)
@@ -57,9 +61,7 @@ def edited(chapter: str, cell: str, edit):
 def over_two_cells(chapter: str, cell: str):
     """The exercise cell left as handed out (its stub) and the answer typed into a new cell below it."""
     def make():
-        answer = next(c.source for c in solution(chapter).cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell)
-        stub = next(c.source for c in stubbed(solution(chapter)).cells
-                    if c.metadata.get("nbgrader", {}).get("grade_id") == cell)
+        answer, stub = source_of(solution(chapter), cell), source_of(stubbed(solution(chapter)), cell)
         notebook = with_cell_edited(solution(chapter), cell, lambda _: stub)
         return with_cells_added(notebook, cell, answer)
     return make
@@ -68,8 +70,7 @@ def over_two_cells(chapter: str, cell: str):
 def twice(chapter: str, cell: str):
     """The exercise cell copied and run again just below itself."""
     def make():
-        answer = next(c.source for c in solution(chapter).cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell)
-        return with_cells_added(solution(chapter), cell, answer)
+        return with_cells_added(solution(chapter), cell, source_of(solution(chapter), cell))
     return make
 
 
@@ -114,12 +115,18 @@ VARIANTS = {
     "%%time on an exercise cell": ("ch02", edited("ch02", "ch02_physical_slot", lambda s: "%%time\n" + s)),
     "%timeit, !cmd, %matplotlib inline in scratch cells": ("ch02", scratch(
         "ch02", "ch02_physical_slot", "%timeit physical_slot([3, 1], 5, 4)\n",
-        "%matplotlib inline\n!echo hello\nfiles = !ls\n", "%%time\nrows = [physical_slot([3, 1], p, 4) for p in range(8)]\n")),
+        "%matplotlib inline\n!echo hello\nfiles = !ls\n",
+        "%%time\nrows = [physical_slot([3, 1], p, 4) for p in range(8)]\n")),
     "a cell run twice": ("ch03", twice("ch03", "ch03_free")),
     "an exercise answered over two cells": ("ch02", over_two_cells("ch02", "ch02_allocator")),
     "a class answered over two cells": ("ch04", over_two_cells("ch04", "ch04_cache")),
     "a class chained onto the learner's own": ("ch05", edited("ch05", "ch05_evict", lambda s: s.replace(
         "class PrefixCache(engine.cache.prefix.PrefixCache):", "class PrefixCache(PrefixCache):", 1))),
+    "super() into the learner's own method of a chained class": ("ch03", scratch("ch03", "ch03_free", (
+        "class PagedKVCache(PagedKVCache):\n    def truncate(self, seq, length):\n"
+        "        print('truncating', seq, 'to', length)\n        return super().truncate(seq, length)\n"))),
+    "super() into another method": ("ch03", edited("ch03", "ch03_free", lambda s: s.replace(
+        "self.table(seq)", "super().table(seq)"))),
 }
 
 
@@ -144,6 +151,11 @@ NOT_WRITTEN = {   # the graded name bound by something else than the learner's d
     "a lambda assigned": ("ch02_physical_slot", "physical_slot = lambda table, pos, block_size: "
                           "(table[pos // block_size], pos % block_size)\n", "not a function written with def"),
     "the engine's method set on the class": ("ch02_allocator", None, "sets BlockAllocator.allocate"),
+    "super() into the engine's own method": ("ch02_allocator", "class BlockAllocator(ReferenceAllocator):\n"
+                                             "    def allocate(self, n=1):\n        return super().allocate(n)\n"
+                                             "    def share(self, b):\n        return super().share(b)\n"
+                                             "    def release(self, b):\n        return super().release(b)\n",
+                                             "calls the engine's own"),
 }
 
 
