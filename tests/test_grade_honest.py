@@ -8,6 +8,8 @@ unit level the judge's own record of the notebook refuses none of its tests; thr
 few representative ones keep full marks. A graded name bound by an import, an assignment or a lambda
 still earns nothing, whatever else the notebook does.
 """
+import copy
+import functools
 import re
 
 import pytest
@@ -25,8 +27,8 @@ CHAPTERS = {p.stem[:4]: p for p in (REPO / "solutions").glob("ch0*.py")}
 def judged(notebook, chapter: str) -> dict[str, list[str]]:
     """{test grade id: the judge's reasons it must not count} for `notebook`, read as the judge reads it:
     every code cell in order, the exercise cells adding their graded names."""
-    plan = exercises.plan_for(CHAPTERS[chapter]).for_worker()
-    graded, by_cell = dict(plan["graded"]), plan["graded_by_cell"]
+    plan = _plan(chapter)
+    graded, by_cell = copy.deepcopy(plan["graded"]), plan["graded_by_cell"]
     book = decide.Notebook(graded)
     reasons = {}
     for seq, cell in enumerate((c for c in notebook.cells if c.cell_type == "code"), 1):
@@ -41,8 +43,18 @@ def judged(notebook, chapter: str) -> dict[str, list[str]]:
     return reasons
 
 
-def solution(chapter: str):
+@functools.cache
+def _plan(chapter: str) -> dict:
+    return exercises.plan_for(CHAPTERS[chapter]).for_worker()
+
+
+@functools.cache
+def _solution(chapter: str):
     return expanded(CHAPTERS[chapter])
+
+
+def solution(chapter: str):
+    return copy.deepcopy(_solution(chapter))
 
 
 def source_of(notebook, cell: str) -> str:
