@@ -86,7 +86,8 @@ SUBMISSIONS ?= submissions
 JOBS ?= 2
 SANDBOX ?= auto
 autograde: setup
-	$(PY) -m engine.course.autograde "$(SUBMISSIONS)" --jobs "$(JOBS)" --sandbox "$(SANDBOX)"
+	$(PY) -m engine.course.autograde "$(SUBMISSIONS)" --jobs "$(JOBS)" --sandbox "$(SANDBOX)" \
+		$(if $(CLUSTER),--cluster "$(CLUSTER)")
 
 # A class through nbgrader's exchange (engine/course/class_folder.py): the course folder from a roster
 # (engine/course/hub/roster.example.ini), then one round of grading per chapter after students submit.

@@ -83,6 +83,7 @@ def test_no_feedback_step_when_nbgrader_autograded_nothing(tmp_path, monkeypatch
     """nbgrader's autograde failing on every submission is reported by student; the feedback step, which
     would stop on "No notebooks were matched" and hide why, is not run."""
     from engine.course import autograde as steps
+    from engine.course.cluster import Tally
     ran = []
 
     def tolerant(course, step, *args):
@@ -90,7 +91,7 @@ def test_no_feedback_step_when_nbgrader_autograded_nothing(tmp_path, monkeypatch
         return {("ch98", "ada"): "nbgrader autograde failed on it (course/logs/autograde-1.log)"}
 
     monkeypatch.setattr(steps, "prepare_course", lambda *args, **kwargs: None)
-    monkeypatch.setattr(steps, "grade_submissions", lambda *args, **kwargs: None)
+    monkeypatch.setattr(steps, "grade_submissions", lambda *args, **kwargs: Tally(0, progress=lambda line: None))
     monkeypatch.setattr(steps, "enrol", lambda *args: None)
     monkeypatch.setattr(steps, "run_tolerant", tolerant)
     monkeypatch.setattr(steps, "run_nbgrader", lambda course, *args: open(args[-1], "w").write("student_id\n"))

@@ -43,8 +43,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .nbgrader_course import (AUTOGRADE_CELL_TIMEOUT, COURSE_ID, NbgraderError, file_digest, outputs_by_cell,
-                              result_path, run_nbgrader, stage_sources, write_config)
+from .nbgrader_course import (AUTOGRADE_CELL_TIMEOUT, COURSE_ID, NbgraderError, file_digest, result_path,
+                              run_nbgrader, stage_sources, write_config)
 from .paths import (CHAPTER_PATTERN, assignment_id, chapter_files, chapter_name, offline_cpu_environ, repo_root,
                     solutions_refusal)
 
@@ -215,82 +215,62 @@ def collect(submissions: Path, course_dir: Path, chapters: list[Path]) -> Roster
 
 def grade_submissions(copied: list[Path], course_dir: Path, chapters: list[Path], timeout: int, jobs: int,
                       sandbox: str, hide: list[Path], progress=print, limits=None,
-                      names: dict[str, str] | None = None) -> None:
-    """Run every collected submission in the sealed worker (sandboxed), `jobs` at a time, printing a line
-    as each finishes; the results wait in course/sandbox/results/ for nbgrader's autograde to take."""
-    from .grade import read_learner, run_sealed
-    from .sandbox import Limits, Sandbox, available, limits_note
+                      names: dict[str, str] | None = None, cluster: str = ""):
+    """Run every collected submission in the sealed worker (sandboxed): `jobs` at a time here, or each one
+    task on the Dask cluster at `cluster`; a line as each finishes. The results wait, authenticated, in
+    course/sandbox/results/ for nbgrader's autograde to take; an authentic result of an earlier run for
+    the same notebook, chapter and settings is kept, not graded again. The Tally says what was done."""
+    from .cluster import Job, Tally, grade_on_cluster
+    from .cluster_task import grade_file, grader_digest, settings
+    from .nbgrader_course import cached_result, result_key, write_result
+    from .sandbox import Limits, available, limits_note
     by_name = {chapter_name(path): path for path in chapters}
     work_root = course_dir / "sandbox"
+    limits = limits or Limits()
     usable, why = available()
-    if sandbox == "required" and not usable:
+    if sandbox == "required" and not usable and not cluster:
         raise SystemExit(f"autograde: {why}")
-    if sandbox != "off" and not usable:
+    if sandbox != "off" and not usable and not cluster:
         progress(f"WARNING: {why}")
-    elif sandbox != "off" and limits_note():
+    elif sandbox != "off" and limits_note() and not cluster:
         progress(f"WARNING: the sandbox runs with less than its limits here: {limits_note()}")
-    lock, done, started = threading.Lock(), [0], time.monotonic()
+    key = result_key(course_dir, create=True)
     names = names or {}
+    todo, engine = [], grader_digest()
+    for path in copied:
+        job = Job(path, by_name[path.stem], settings(by_name[path.stem], timeout, sandbox, limits, engine))
+        if cached_result(work_root, job.student, job.assignment, path, job.grader) is None:
+            result_path(work_root, job.student, job.assignment).unlink(missing_ok=True)
+            todo.append(job)
+    tally = Tally(len(todo), progress, kept=len(copied) - len(todo))
+    if tally.kept:
+        progress(f"{tally.kept} submission(s) already graded (authentic results for the same notebook, chapter "
+                 f"and settings in {work_root / 'results'}): kept")
+    lock = threading.Lock()
 
-    def one(path: Path) -> str:
-        student, assignment, notebook = path.parent.parent.name, path.parent.name, path.stem
-        workdir = work_root / "work" / student / assignment   # only the worker's starting folder: never bound in
-        shutil.rmtree(workdir, ignore_errors=True)
-        workdir.mkdir(parents=True, exist_ok=True)
-        wrap = Sandbox(workdir, hide=[*hide, course_dir, by_name[notebook].parent], limits=limits or Limits()) \
-            if sandbox != "off" and usable else None
-        flags = [] if wrap is not None or sandbox == "off" else [f"not sandboxed: {why}"]
-        try:
-            learner, notes = read_learner(path)
-            sealed = run_sealed(learner, by_name[notebook], timeout, workdir, wrap=wrap)
-            record = {"sha256": file_digest(path), "outputs": outputs_by_cell(sealed.cells),
-                      "flags": flags + sealed.flags, "changes": notes + sealed.changes}
-            earned, possible = _points(sealed.cells)
-            score = f"{earned:g}/{possible:g}"
-        except Exception as error:
-            if wrap is not None and wrap.expired:  # the notebook's deadline passed: its tests score 0, and say why
-                record = _expired_record(path, by_name[notebook], wrap.expired_message, flags)
-                score = f"0 ({wrap.expired_message})"
-            else:  # the grader itself failed: nbgrader's own run grades it again and reports it
-                record, score = None, f"not graded here ({type(error).__name__}: {error})"
-        finally:
-            if wrap is not None:
-                wrap.close()
-        if record is not None:
-            target = result_path(work_root, student, assignment)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(record))
+    def accept(job: Job, reply: dict) -> None:
+        if reply["result"] is not None:   # else the grader failed: nbgrader's own step grades it again
+            write_result(work_root, job.student, job.assignment, reply["sha256"], reply["result"], key)
+
+    def one(job: Job) -> None:
+        result, score = grade_file(job.path, job.chapter, work_root / "work" / job.student / job.assignment,
+                                   timeout, sandbox, limits, [*hide, course_dir])
+        accept(job, {"sha256": file_digest(job.path), "result": result})
         with lock:
-            done[0] += 1
-            elapsed = time.monotonic() - started
-            progress(f"[{done[0]}/{len(copied)}] {shown(names.get(student, student))} {notebook}: {score}  "
-                     f"({elapsed:.0f} s)")
-        return score
+            tally.where["this machine"] += 1
+            tally.line(f"{shown(names.get(job.student, job.student))} {job.path.stem}: {score}")
 
-    shutil.rmtree(work_root / "results", ignore_errors=True)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for future in as_completed([pool.submit(one, path) for path in copied]):
-            future.result()
-
-
-def _points(run_cells) -> tuple[float, float]:
-    from nbgrader.utils import determine_grade
-
-    from . import cells
-    graded = [determine_grade(c) for c in run_cells if cells.is_test(c)]
-    return sum(e or 0 for e, _ in graded), sum(p for _, p in graded)
-
-
-def _expired_record(path: Path, chapter_path: Path, message: str, flags: list[str]) -> dict:
-    """The sealed result of a notebook stopped at its deadline: every test an error output saying so."""
-    from . import cells, exercises
-    from .nbgrader_course import _cell_key
-    outputs = {}
-    for cell in exercises.load_any(chapter_path).cells:
-        if cells.is_test(cell):
-            outputs[_cell_key(cell)] = [{"output_type": "error", "ename": "NotebookTimeout", "evalue": message,
-                                         "traceback": [f"NotebookTimeout: {message}"]}]
-    return {"sha256": file_digest(path), "outputs": outputs, "flags": [*flags, message], "changes": []}
+    try:
+        if cluster and todo:
+            grade_on_cluster(cluster, todo, tally, accept, {ident: shown(name) for ident, name in names.items()})
+        elif todo:
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                for future in as_completed([pool.submit(one, job) for job in todo]):
+                    future.result()
+    finally:
+        tally.close()
+    progress(tally.summary())
+    return tally
 
 
 def run_tolerant(course_dir: Path, step: str, *args: str) -> dict[tuple[str, str], str]:
@@ -318,13 +298,17 @@ def run_tolerant(course_dir: Path, step: str, *args: str) -> dict[tuple[str, str
         assignment, student = culprit
         errors = [line for line in log.splitlines() if "[ERROR]" in line]
         failed[culprit] = f"nbgrader {step} stopped on it: {errors[-1].split('] ', 1)[-1] if errors else log[-200:]}"
-        aside = course_dir / "not-graded" / student / assignment
-        shutil.rmtree(aside, ignore_errors=True)
-        aside.parent.mkdir(parents=True, exist_ok=True)
-        source = course_dir / ("submitted" if step == "autograde" else "autograded") / student / assignment
-        shutil.move(str(source), str(aside))
+        set_aside(course_dir, student, assignment, "submitted" if step == "autograde" else "autograded")
         force = []   # what was done stays done
     return failed
+
+
+def set_aside(course_dir: Path, student: str, assignment: str, where: str = "submitted") -> None:
+    """Move course/WHERE/<student>/<assignment> to course/not-graded/, out of nbgrader's next step."""
+    aside = course_dir / "not-graded" / student / assignment
+    shutil.rmtree(aside, ignore_errors=True)
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(course_dir / where / student / assignment), str(aside))
 
 
 def _submission_of(course_dir: Path, notebook: str) -> tuple[str, str] | None:
@@ -348,9 +332,10 @@ def enrol(course_dir: Path, ids: list[str]) -> None:
 
 def autograde(submissions: Path, course_dir: Path, chapters: list[Path],
               timeout: int = AUTOGRADE_CELL_TIMEOUT, jobs: int = DEFAULT_JOBS, sandbox: str = "auto",
-              progress=print, limits=None) -> dict[str, Path]:
+              progress=print, limits=None, cluster: str = "") -> dict[str, Path]:
     """Run the whole instructor path; {what: where} for each output. Submissions that could not be graded
-    are listed in course/not-graded.json (see not_graded())."""
+    are listed in course/not-graded.json (see not_graded()). With `cluster` (a Dask scheduler's address)
+    the sealed runs are tasks on its workers; everything else happens here, in course_dir."""
     why = folders_refusal(submissions, course_dir)
     if why:                                 # before anything is written: the course folder is rewritten
         raise SystemExit(f"autograde: {why}")
@@ -362,10 +347,15 @@ def autograde(submissions: Path, course_dir: Path, chapters: list[Path],
         progress(note)
     for fault in roster.faults:
         progress(f"not graded: {fault.line()}")
-    grade_submissions(roster.copied, course_dir, chapters, timeout, jobs, sandbox, hide, progress, limits,
-                      roster.names)
+    tally = grade_submissions(roster.copied, course_dir, chapters, timeout, jobs, sandbox, hide, progress, limits,
+                              roster.names, cluster)
     names = roster.names
     faults = list(roster.faults)
+    for path, why in tally.stopped.items():   # left out of nbgrader's run, which would grade it here
+        ident, assignment = path.parent.parent.name, path.parent.name
+        faults.append(Fault(names.get(ident, ident), path.name, why, assignment))
+        set_aside(course_dir, ident, assignment)
+        roster.copied.remove(path)
     if roster.copied:
         for (assignment, ident), why in run_tolerant(course_dir, "autograde", ALL_ASSIGNMENTS, "--create").items():
             faults.append(Fault(names.get(ident, ident), f"{assignment}", why, assignment))
@@ -475,7 +465,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="submissions graded at once (1 to 256)")
     parser.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
                         help="bubblewrap sandbox per submission (auto: when it works here)")
+    parser.add_argument("--cluster", default="", metavar="tcp://HOST:8786",
+                        help="a Dask scheduler: each submission one task on its workers (default: --jobs here)")
     args = parser.parse_args(argv)
+    if args.cluster and not re.fullmatch(r"(tcp|tls)://[^\s/]+:[0-9]+", args.cluster):
+        parser.error(f"--cluster {args.cluster!r} is not a Dask scheduler's address: expected tcp://HOST:PORT "
+                     "(or tls://HOST:PORT), as `dask scheduler` prints it")
     if not args.submissions.strip():
         parser.error("SUBMISSIONS is empty: name the folder of <student>/<chNN_topic>.ipynb "
                      "(make autograde SUBMISSIONS=dir)")
@@ -492,20 +487,25 @@ def main(argv: list[str] | None = None) -> int:
     if not has_submissions(submissions):
         parser.error(f"SUBMISSIONS {submissions} holds no submission: expected "
                      f"{submissions}/<student_id>/<chNN_topic>.ipynb")
-    if args.sandbox == "required":
+    if args.cluster:
+        from .cluster import unreachable
+        why = unreachable(args.cluster)
+        if why:
+            parser.error(why)
+    if args.sandbox == "required" and not args.cluster:   # on a cluster each worker checks its own
         from .sandbox import available
         usable, why = available()
         if not usable:
             parser.error(f"--sandbox required, but there is no working sandbox here: {why}")
     started = time.monotonic()
     outputs = autograde(submissions, args.course, chapters, args.timeout, args.jobs, args.sandbox,
-                        limits=Limits(notebook_seconds=args.notebook_timeout))
+                        limits=Limits(notebook_seconds=args.notebook_timeout), cluster=args.cluster)
     elapsed = time.monotonic() - started
     faults = not_graded(outputs["course directory"])
     print(summary(outputs["grades"], chapters))
     rows = len(list((outputs["course directory"] / "submitted").glob("*/*/*.ipynb")))
-    print(f"graded {rows} submission(s) in {elapsed:.0f} s ({elapsed / max(rows, 1):.1f} s each, "
-          f"{args.jobs} at a time)")
+    where = f"on the cluster at {args.cluster}" if args.cluster else f"{args.jobs} at a time"
+    print(f"graded {rows} submission(s) in {elapsed:.0f} s ({elapsed / max(rows, 1):.1f} s each, {where})")
     for what, where in outputs.items():
         print(f"{what + ':':24} {where}")
     if faults:

@@ -87,14 +87,75 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).is_file() else ""
 
 
-def cached_result(work_root: Path, student: str, assignment: str, submitted: Path) -> dict | None:
-    """A sealed run made ahead of nbgrader (make autograde runs submissions in parallel) for exactly
-    this submitted file, else None."""
-    path = result_path(work_root, student, assignment)
+KEY_FILE = Path("instructor") / "result-key"
+
+
+def result_key(course_dir: Path, create: bool = False) -> bytes | None:
+    """The course's key for result records: course/instructor/result-key (folder 0700, file 0600), in the
+    course folder that no sandbox sees; made on first use when `create`, else None where there is none."""
+    import os
+    import secrets
+    path = Path(course_dir) / KEY_FILE
     if not path.is_file():
+        if not create:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        try:
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:        # another grader of this course made it first
+            return path.read_bytes()
+        with os.fdopen(handle, "wb") as out:
+            out.write(secrets.token_bytes(32))
+    return path.read_bytes()
+
+
+def record_mac(key: bytes, student: str, assignment: str, sha256: str, result: dict) -> str:
+    """HMAC-SHA256 over (student, chapter, notebook sha256, result): a record names what it is for."""
+    import hashlib
+    import hmac
+    text = json.dumps([student, assignment, sha256, result], sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def write_result(work_root: Path, student: str, assignment: str, sha256: str, result: dict, key: bytes) -> Path:
+    """Write the authenticated record of one sealed run (only the grader that holds the course folder does)."""
+    record = {"student": student, "assignment": assignment, "sha256": sha256, "result": result,
+              "mac": record_mac(key, student, assignment, sha256, result)}
+    path = result_path(work_root, student, assignment)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(record))
+    partial.replace(path)
+    return path
+
+
+def cached_result(work_root: Path, student: str, assignment: str, submitted: Path,
+                  grader: dict | None = None) -> dict | None:
+    """The sealed result made ahead of nbgrader (make autograde grades submissions in parallel) for exactly
+    this submitted file, else None: the record must carry the course key's HMAC and name this student,
+    this chapter and this notebook's sha256 (and, when given, these grader settings). Anything else
+    (rewritten, moved from another student, for another notebook, unsigned) is refused: it is graded again."""
+    import hmac
+    path = result_path(work_root, student, assignment)
+    key = result_key(Path(work_root).parent)
+    if key is None or not path.is_file():
         return None
-    record = json.loads(path.read_text())
-    return record if record.get("sha256") and record["sha256"] == file_digest(submitted) else None
+    try:
+        record = json.loads(path.read_text())
+        result, mac = record["result"], record["mac"]
+        named = (record["student"], record["assignment"], record["sha256"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(result, dict) or not isinstance(mac, str) or not all(isinstance(n, str) for n in named):
+        return None
+    if named != (student, assignment, file_digest(submitted)) or not named[2]:
+        return None
+    if not hmac.compare_digest(mac, record_mac(key, *named, result)):
+        return None
+    if grader is not None and result.get("grader") != grader:
+        return None
+    return result
 
 
 def stage_sources(course_dir: Path, chapters: list[Path]) -> dict[str, Path]:
