@@ -7,8 +7,10 @@ edition. The pages read: every figure's text is 11 px or more at the book's widt
 a phone (audited while the chapter ran), every explorer shows a picture at every position, every
 printed line fits 88 columns, no formula shows a literal \\_, and the setup cell is folded under a one-line summary.
 Every link of the built book is well formed (https, a host, no spaces) or resolves to a file and an id
-of the build (no network is used); every paper and vLLM file a "Going deeper" list names is linked,
-and every page links the course's repository (book/_config.yml). Code lines are spans that keep the text.
+of the build (no network is used); every paper and vLLM file a "Going deeper" list names is linked;
+every external link is an address the course's text writes (or the repository book/_config.yml names:
+none yet, so no repository button). No `$` is left in the text outside the formulas (a formula that
+did not parse as math, as in a list item). Code lines are spans that keep the text.
 The built book needs no network: MathJax is served from the book itself and no page names a CDN;
 explorers are precomputed widgets; each chapter page keeps its review questions and "Going deeper"
 list, and the instructor edition shows the written answers' rubrics. (The browser checks of the same
@@ -458,6 +460,55 @@ def test_no_formula_shows_a_literal_backslash_underscore(book, chapters):
     assert not offenders, f"formulas with a literal \\_: {offenders}"
 
 
+class _Prose(HTMLParser):
+    """A page's text outside code, outputs, scripts and typeset formulas: what reads as prose."""
+
+    VOID = {"br", "img", "meta", "link", "input", "hr", "wbr", "source", "col", "area", "base", "embed"}
+    SKIP = {"pre", "code", "script", "style", "kbd", "samp", "textarea"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.skipping, self.parts = [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in self.VOID:
+            classes = (dict(attrs).get("class") or "").split()
+            self.skipping.append(tag in self.SKIP or bool({"math", "highlight", "cell_output"} & set(classes)))
+
+    def handle_endtag(self, tag):
+        if tag not in self.VOID and self.skipping:
+            self.skipping.pop()
+
+    def handle_data(self, data):
+        if not any(self.skipping):
+            self.parts.append(data)
+
+
+def stray_dollars(page_html: str) -> list[str]:
+    """The prose around each `$` left in a page's text: TeX that was not read as math."""
+    parser = _Prose()
+    parser.feed(page_html)
+    text = " ".join("".join(parser.parts).split())
+    return [text[max(0, m.start() - 40):m.end() + 40] for m in re.finditer(r"\$+", text)]
+
+
+def test_no_page_shows_a_dollar_of_unparsed_math(book, chapters):
+    """A display formula MyST did not read as math (`$$ ... $$` inside a list item's paragraph) prints
+    inline with a literal `$` on each side: no page of either edition shows a `$` outside code,
+    outputs and the formulas."""
+    for edition in ("learner", "instructor"):
+        for page in sorted(book[edition].rglob("*.html")):
+            if "_static" not in page.relative_to(book[edition]).parts:
+                found = stray_dollars(page.read_text())
+                assert not found, f"{edition} {page.relative_to(book[edition])}: TeX left as text: {found[:3]}"
+
+
+def test_the_dollar_search_catches_a_list_items_unparsed_formula():
+    page = ('<ol><li><p>so $<span class="math notranslate nohighlight">\\( \\text{new blocks} = b \\)</span>$ '
+            'If the pool</p></li></ol><pre>echo $HOME</pre><p><code>$x</code> <span class="math">\\($a$\\)</span></p>')
+    assert stray_dollars(page) == ["so $$ If the pool"], stray_dollars(page)
+
+
 def test_the_setup_cell_is_folded_under_a_one_line_summary(book, chapters):
     for chapter, executed in chapters:
         page = (book["learner"] / "chapters" / f"{chapter.stem}.html").read_text()
@@ -554,23 +605,83 @@ def test_every_paper_and_engine_file_in_going_deeper_is_linked():
                                  item), f"{chapter.stem}: {path} is not linked to vLLM's repository"
 
 
-def test_the_book_links_to_the_courses_repository(book):
-    """book/_config.yml's repository url (the one setting) is linked from every page (the repository
-    button) and from the intro's text."""
+# The address book/_config.yml named as a placeholder while the course had none: never a link.
+PLACEHOLDER_REPOSITORY = "https://github.com/paged-kv-course/"
+URL = re.compile(r"https://[^\s)>\]\"'`]+")
+
+
+def written_urls() -> set[str]:
+    """Every https address the course's own text writes: the chapters' sources and book/'s pages."""
+    from fixtures.course_support import REPO
+    texts = [chapter.read_text() for chapter in chapter_files(solutions_dir())]
+    texts += [page.read_text() for page in (REPO / "book").glob("*.md")]
+    return {url.rstrip(".,;:") for text in texts for url in URL.findall(text)}
+
+
+def unwritten_links(site, allowed: set[str]) -> list[str]:
+    """'page: url' for each external link of the built site that is none of `allowed` (a theme's
+    default, a placeholder): a link to an address nobody wrote is one nobody checked exists."""
+    found = []
+    for page in sorted(site.rglob("*.html")):
+        if "_static" in page.relative_to(site).parts:
+            continue
+        anchors = _Anchors()
+        anchors.feed(page.read_text())
+        found += [f"{page.relative_to(site)}: {href}" for href in anchors.hrefs
+                  if urlparse(href).scheme in {"http", "https"} and href.rstrip("/") not in allowed]
+    return found
+
+
+@pytest.mark.parametrize("edition", ["learner", "instructor"])
+def test_the_book_links_only_addresses_the_course_names(book, edition):
+    """Every external link of the built book is an address the course's text writes, or the
+    repository book/_config.yml names; with none named (as now) no page has a repository button and
+    the intro names no repository (book.book_config)."""
     import yaml
 
     from fixtures.course_support import REPO
-    url = yaml.safe_load((REPO / "book" / "_config.yml").read_text())["repository"]["url"]
-    assert urlparse(url).scheme == "https" and urlparse(url).netloc, url
-    chapters = [f"chapters/{c.stem}.html" for c in chapter_files(solutions_dir())]
-    for page in ("intro.html", "course_guide.html", *chapters):
-        anchors = _Anchors()
-        anchors.feed((book["learner"] / page).read_text())
-        assert any(href.rstrip("/") == url.rstrip("/") for href in anchors.hrefs), f"{page} does not link {url}"
-    anchors = _Anchors()
-    anchors.feed((book["learner"] / "intro.html").read_text())
-    linked = [href for href in anchors.hrefs if href.rstrip("/") == url.rstrip("/")]
-    assert len(linked) >= 2, "the intro's text does not link the course's repository (only its button does)"
+    url = (yaml.safe_load((REPO / "book" / "_config.yml").read_text())["repository"]["url"] or "").rstrip("/")
+    allowed = {u.rstrip("/") for u in written_urls()} | ({url} if url else set())
+    stray = unwritten_links(book[edition], allowed)
+    assert not stray, f"{len(stray)} links to addresses the course never names:\n" + "\n".join(stray[:10])
+    placeholder = [link for link in unwritten_links(book[edition], set()) if PLACEHOLDER_REPOSITORY in link]
+    assert not placeholder, f"links to the placeholder repository: {placeholder[:3]}"
+    pages = [f"chapters/{c.stem}.html" for c in chapter_files(solutions_dir())] + ["intro.html", "course_guide.html"]
+    buttons = [page for page in pages if 'title="Source repository"' in (book[edition] / page).read_text()]
+    if url:
+        assert len(buttons) == len(pages), f"pages without the repository button: {sorted(set(pages) - set(buttons))}"
+    else:
+        assert not buttons, f"a repository button with no repository configured: {buttons[:3]}"
+        intro = " ".join(visible_lines_of(book[edition] / "intro.html"))
+        assert "Get the course from your instructor" in intro, "the intro does not say where the course comes from"
+
+
+def test_the_link_search_catches_a_placeholder_and_a_themes_default(tmp_path):
+    (tmp_path / "a.html").write_text('<a href="https://github.com/paged-kv-course/paged-kv-course">repo</a> '
+                                     '<a href="https://github.com/executablebooks/jupyter-book">theme</a> '
+                                     '<a href="https://arxiv.org/abs/2309.06180">paper</a> <a href="b.html">b</a>')
+    stray = unwritten_links(tmp_path, {"https://arxiv.org/abs/2309.06180"})
+    assert stray == ["a.html: https://github.com/paged-kv-course/paged-kv-course",
+                     "a.html: https://github.com/executablebooks/jupyter-book"], stray
+    assert "https://arxiv.org/abs/2309.06180" in written_urls()
+
+
+def test_a_repository_is_linked_only_where_the_configuration_names_one():
+    """book.book_config: an https repository url turns the button on and the intro links it; an empty
+    one turns both off; anything else stops the build with a message naming the setting."""
+    from engine.course.book import COURSE_SOURCE_UNSET, book_config
+    base = {"repository": {"url": "", "branch": "main"}, "html": {"use_repository_button": True},
+            "parse": {"myst_substitutions": {"course_source": "from your instructor"}}}
+    unset = book_config(base)
+    assert unset["html"]["use_repository_button"] is False and unset["repository"]["url"] == ""
+    assert unset["parse"]["myst_substitutions"]["course_source"] == COURSE_SOURCE_UNSET
+    assert "http" not in COURSE_SOURCE_UNSET and base["html"]["use_repository_button"] is True  # a copy
+    named = book_config({**base, "repository": {"url": "https://gitlab.com/a-university/paged-kv"}})
+    assert named["html"]["use_repository_button"] is True
+    assert named["parse"]["myst_substitutions"]["course_source"] == "from its repository, <https://gitlab.com/a-university/paged-kv>"
+    for bad in ("http://github.com/a/b", "placeholder", "https://github.com/", "https://git.example.edu/a/b"):
+        with pytest.raises(ValueError, match="repository url"):
+            book_config({**base, "repository": {"url": bad}})
 
 
 def test_code_lines_are_spans_that_keep_the_text():

@@ -6,11 +6,13 @@ typeset by the book's own MathJax, each figure decoded, and moving an explorer's
 picture with no kernel behind the page. At a 1,280 px window no code or output box scrolls sideways
 and 88 columns of code fit a code box. At 390 px (a phone) no page scrolls sideways, every figure's
 text shows at 10 px or more (its size in the PNG times the width the browser gives it), wrapped code
-hangs, and one search box shows; at 1,280 px figure text is 11 px or more. Search must find every
+hangs, every displayed formula is whole in its column and in no box that scrolls, and one search box
+shows; at 1,280 px figure text is 11 px or more. Search must find every
 chapter, and served over HTTP its summaries show no TeX. `make book-pdf`'s PDF numbers every page,
-gives each chapter's page in its contents, has an outline naming every chapter, cuts no box at the
-margin (measured in print layout) and leaves no empty box behind a split one (pdftoppm's pages
-searched for a tall empty grey frame).
+gives in its contents the page each chapter's heading is on (its outline's page), has an outline
+naming every chapter, cuts no box and no formula at the margin (measured in print layout, as
+book.print_pdf lays it out) and leaves no empty box behind a split one (pdftoppm's pages searched for
+a tall empty grey frame).
 Screenshots go to build/artifacts/. Without Chromium these tests
 skip with a one-line hint; in CI (CI=true) they fail instead (tests/fixtures/browser_support.py).
 """
@@ -234,15 +236,18 @@ def test_the_book_pdf_numbers_every_page_has_an_outline_and_cuts_no_box(browser,
     frames = {png.stem: rows for png in sorted(tmp_path.glob("p-*.png")) if (rows := empty_frames(png, 30))}
     assert not frames, f"pages with an empty box of 25 mm or more (rows at 30 dpi): {frames}"
     single = book_pdf.parent / "stage-singlehtml" / "intro.html"
-    context = browser.new_context(viewport={"width": 703, "height": 1000})  # A4 less the margins, in CSS px
+    # laid out as book.print_pdf lays it out: print media, as wide as A4 less the margins
+    context = browser.new_context(viewport={"width": course_book.PRINT_COLUMN_PX, "height": 1000})
     try:
         page = context.new_page()
-        page.goto(single.as_uri(), wait_until="load")
         page.emulate_media(media="print")
-        cut = page.evaluate(PRINT_JS)
+        page.goto(single.as_uri(), wait_until="load")
+        course_book.wait_for_math(page)
+        cut, formulas = page.evaluate(PRINT_JS), page.evaluate(CUT_MATH_JS)
     finally:
         context.close()
     assert cut and not any(cut), f"{sum(cut)} of {len(cut)} boxes are cut at the margin in print"
+    assert not formulas, f"{len(formulas)} formulas are not whole in print: {formulas[:3]}"
 
 
 def test_the_book_pdf_has_every_chapter_with_typeset_math(book, book_pdf, tmp_path):
@@ -272,6 +277,21 @@ def test_the_book_pdf_has_every_chapter_with_typeset_math(book, book_pdf, tmp_pa
 
 # ---- on a phone: every page at 390 px ------------------------------------------------------------------
 
+# Every displayed formula that is not whole in its column: wider than its box (cut or shrunk past it),
+# past the column's edge, or in a box that scrolls sideways (itself or any box around it).
+CUT_MATH_JS = """() => {
+  const main = document.querySelector('main') || document.body, column = main.getBoundingClientRect();
+  const scrolls = el => { const x = getComputedStyle(el).overflowX;
+    return (x === 'auto' || x === 'scroll') && el.scrollWidth > el.clientWidth + 1; };
+  return Array.from(main.querySelectorAll('mjx-container[display="true"]')).map(formula => {
+    const math = formula.querySelector('mjx-math').getBoundingClientRect(), box = formula.closest('div.math');
+    let scrolling = formula.scrollWidth > formula.clientWidth + 1;
+    for (let el = formula.parentElement; el && el !== document.body; el = el.parentElement) scrolling ||= scrolls(el);
+    return {tex: ((box && box.dataset.courseTex) || formula.textContent).trim().slice(0, 50),
+            over: Math.round(Math.max(math.width - formula.clientWidth, math.right - column.right,
+                                      column.left - math.left)), scrolling};
+  }).filter(f => f.over > 1 || f.scrolling);
+}"""
 PHONE = {"width": 390, "height": 844}
 PHONE_PAGES = ["intro.html", *[f"chapters/{c.stem}.html" for c in CHAPTERS], "course_guide.html"]
 PHONE_JS = """() => {
@@ -313,6 +333,38 @@ PHONE_JS = """() => {
 }"""
 
 
+LONG_FORMULAS_JS = r"""async () => {
+  const boxes = Array.from(document.querySelectorAll('main div.math')).slice(0, 2);
+  const parts = n => Array.from({length: n}, (_, k) => `a_{${k}} + b_{${k}} = c_{${k}}`);
+  const tex = [parts(4).join(', \\qquad '),                             // breaks at its \qquad's
+               parts(12).join(' + ').replace(/=/g, '+')];               // nowhere to break
+  boxes.forEach((box, k) => { MathJax.typesetClear([box]); delete box.dataset.courseTex;
+                              box.textContent = `\\[${tex[k]}\\]`; });
+  await MathJax.typesetPromise(boxes);
+  window.dispatchEvent(new Event('resize'));
+  await window.courseMathReady;
+  return boxes.map(box => box.dataset.courseBroken === '1');
+}"""
+
+
+def test_a_formula_too_wide_for_a_phone_is_broken_at_its_qquads_and_one_that_cannot_be_is_caught(book, browser):
+    """At 390 px, a displayed formula three columns wide with \\qquad's between its parts is set as
+    one part a line and is whole (book/_static/course.js); one with nowhere to break is shrunk to
+    70% of the text and still too wide, and the phone check (CUT_MATH_JS) names it."""
+    context = offline_context(browser, viewport=PHONE)
+    try:
+        page = context.new_page()
+        page.goto((book["learner"] / "chapters" / f"{CHAPTERS[0].stem}.html").as_uri(), wait_until="load")
+        course_book.wait_for_math(page)
+        assert not page.evaluate(CUT_MATH_JS), "the page's own formulas are not whole at 390 px"
+        broken = page.evaluate(LONG_FORMULAS_JS)
+        cut = page.evaluate(CUT_MATH_JS)
+    finally:
+        context.close()
+    assert broken == [True, False], broken
+    assert [f["tex"][:8] for f in cut] == ["a_{0} + "] and cut[0]["over"] > 100, cut
+
+
 def png_text_px(png: bytes) -> float:
     """The smallest text of a course figure, in its own pixels (engine/course/figures: TEXT_PX_KEY)."""
     from engine.course.figures import smallest_text_px
@@ -340,8 +392,9 @@ def shown_text(found: dict, page_dir) -> list[tuple[str, float]]:
 
 
 def test_every_page_reads_on_a_phone_and_on_a_desktop(browser, book):
-    """At 390 px: no page scrolls sideways (nor any box in it: a table, code; a formula too wide even
-    shrunk scrolls in its own box, as MathJax 3 cannot break one), every
+    """At 390 px: no page scrolls sideways (nor any box in it: a table, code), every displayed formula
+    is whole in its column and in no box that scrolls (set smaller or broken into lines by
+    book/_static/course.js), every
     figure's smallest text shows at 10 px or more (measured: the text's size in the PNG times the
     width the browser gives the picture over its pixels; an explorer's every state), wrapped code
     lines hang four columns right of their indentation (at most half the box), and one search box
@@ -368,6 +421,9 @@ def test_every_page_reads_on_a_phone_and_on_a_desktop(browser, book):
                                  if line["continuation"] < min((line["indent"] + 4) * line["ch"], line["half"]) - 1.5]
                     if not all(found["lines"]):
                         problems.append(f"{where}: {found['lines'].count(False)} code boxes without line spans")
+                problems += [f"{where}: a formula is not whole ({f['over']} px past its column"
+                             f"{', in a box that scrolls' if f['scrolling'] else ''}): {f['tex']!r}"
+                             for f in page.evaluate(CUT_MATH_JS)]
                 small = [(which, round(px, 1)) for which, px in shown_text(found, path.parent) if px < least - 0.05]
                 problems += [f"{where}: figure text shows at {px} px (under {least}): {which}"
                              for which, px in small[:3]]
@@ -408,23 +464,59 @@ def test_search_summaries_are_plain_text(book, offline):
     assert not tex, f"{len(tex)} of {len(summaries)} search summaries show TeX: {tex[:3]}"
 
 
-def test_the_pdf_contents_give_each_chapters_page(book, book_pdf):
-    """The contents on the PDF's first page end each entry with a page number, and that page holds
-    the chapter's title (pdftotext)."""
-    pdftotext = need_tool("pdftotext", "poppler-utils")
-
-    def page_text(number: int) -> str:
-        text = subprocess.run([pdftotext, "-f", str(number), "-l", str(number), "-layout", str(book_pdf), "-"],
-                              capture_output=True, text=True, check=True).stdout
-        return " ".join(text.split())
-
+def contents_and_headings(book_pdf, pdftotext: str, pdftohtml: str) -> tuple[list[str], list[tuple[int, str]]]:
+    """(the lines of the PDF's first page, where its contents are; [(page, heading)] of its outline:
+    the page each heading landed on, as Chromium wrote it)."""
     contents = subprocess.run([pdftotext, "-f", "1", "-l", "1", "-layout", str(book_pdf), "-"],
                               capture_output=True, text=True, check=True).stdout.splitlines()
-    for chapter in CHAPTERS:
-        title = executed_notebook(book, chapter).cells[0].source.splitlines()[0].lstrip("# ").strip()
-        start = " ".join(title.split()[:4])
-        line = next((line for line in contents if start in " ".join(line.split())), "")
-        found = re.search(r"\s(\d+)\s*$", line)
-        assert found, f"the contents page gives no page for {title!r}: {line!r}"
-        assert start in page_text(int(found.group(1))), \
-            f"{title!r}: the contents say page {found.group(1)}, which does not hold the title"
+    outline = subprocess.run([pdftohtml, "-xml", "-i", "-q", "-stdout", str(book_pdf)], capture_output=True,
+                             text=True, check=True).stdout
+    items = re.findall(r'<item page="(\d+)">(.*?)</item>', outline)
+    headings = [(int(page), html.unescape(text)) for page, text in items]
+    return contents, headings
+
+
+def contents_problems(contents: list[str], headings: list[tuple[int, str]], titles: list[str]) -> list[str]:
+    """Each chapter whose contents entry gives no page number, or one that is not the page its
+    heading (the first outline item that is its title) is on."""
+    squeeze = lambda text: "".join(text.split())  # noqa: E731 (pdftohtml drops the spaces at line breaks)
+    problems = []
+    for title in titles:
+        line = next((line for line in contents if squeeze(line).startswith(squeeze(title))), "")
+        given = re.search(r"\s(\d+)\s*$", line)
+        heading = next((page for page, text in headings if squeeze(text).startswith(squeeze(title))), None)
+        if not given:
+            problems.append(f"{title!r}: the contents give no page ({line.strip()!r})")
+        elif heading is None:
+            problems.append(f"{title!r}: the PDF's outline has no such heading")
+        elif int(given.group(1)) != heading:
+            problems.append(f"{title!r}: the contents say page {given.group(1)}, its heading is on page {heading}")
+    return problems
+
+
+def test_the_pdf_contents_give_each_chapters_page(book, book_pdf):
+    """Each entry of the contents on the PDF's first page ends with the page its chapter's heading
+    is on (the outline's page for it, pdftohtml), and that page shows the chapter's title (pdftotext)."""
+    pdftotext, pdftohtml = need_tool("pdftotext", "poppler-utils"), need_tool("pdftohtml", "poppler-utils")
+    contents, headings = contents_and_headings(book_pdf, pdftotext, pdftohtml)
+    titles = [executed_notebook(book, c).cells[0].source.splitlines()[0].lstrip("# ").strip() for c in CHAPTERS]
+    problems = contents_problems(contents, headings, titles)
+    assert not problems, "the PDF's contents are wrong:\n" + "\n".join(problems)
+    for title in titles:
+        page = next(page for page, text in headings if "".join(text.split()).startswith("".join(title.split())))
+        text = subprocess.run([pdftotext, "-f", str(page), "-l", str(page), "-layout", str(book_pdf), "-"],
+                              capture_output=True, text=True, check=True).stdout
+        assert " ".join(title.split()) in " ".join(text.split()), f"page {page} does not show {title!r}"
+
+
+def test_the_contents_check_catches_a_wrong_page():
+    """The contents the tester read: chapter 3 given page 1, the book title's page (its heading id was
+    the title's), and a chapter given no page at all."""
+    contents = ["    1. The KV cache and what it costs          5", "    3. The paged KV cache     1",
+                "    4. Copy-on-write fork"]
+    headings = [(1, "The paged KV cache"), (5, "1. The KV cache and what it costs"),
+                (36, "3. The paged KV cache3. The paged KV cache"), (49, "4. Copy-on-write fork")]
+    problems = contents_problems(contents, headings, ["1. The KV cache and what it costs", "3. The paged KV cache",
+                                                      "4. Copy-on-write fork"])
+    assert problems == ["'3. The paged KV cache': the contents say page 1, its heading is on page 36",
+                        "'4. Copy-on-write fork': the contents give no page ('4. Copy-on-write fork')"], problems

@@ -43,11 +43,15 @@ EXECUTE_TIMEOUT_S = 600  # per cell; the kernel chapter runs Triton in the CPU i
 # Pages the book's table of contents names; until the chapter author writes one, the build uses a stub.
 WRITTEN_PAGES = ("intro.md", "course_guide.md")
 STUB_PAGE = "# {title}\n\n*This page is not written yet (no book/{name} in the repository).*\n"
+REPOSITORY_HOSTS = ("github.com", "gitlab.com", "bitbucket.org")  # sphinx-book-theme's repository button
+# What the intro says where book/_config.yml names no repository for the course ("Get the course ...").
+COURSE_SOURCE_UNSET = "from your instructor (the course's folder, or the repository they publish it in)"
 RUBRIC_LABEL = "**Rubric: the model answer (instructor edition only)"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
 PDF_FOOTER = ('<div style="font-size:8pt;color:#555;width:100%;text-align:center;">'
               '<span class="pageNumber"></span> / <span class="totalPages"></span></div>')
+PRINT_COLUMN_PX = 703  # A4 (210 mm) less the PDF's 12 mm margins, in CSS px (96 to the inch)
 CHROMIUM_HINT = ("needs Chromium: `sudo apt-get install chromium` (Debian/Ubuntu), or set COURSE_CHROMIUM to a "
                  "Chromium or Chrome binary")
 
@@ -132,10 +136,33 @@ def setup_summary(source: str) -> str:
     return summary
 
 
+def book_config(config: dict) -> dict:
+    """book/_config.yml as the build uses it: a repository button on every page and the intro's link
+    only where `repository: url:` names the course's repository (https://HOST/OWNER/NAME on a host of
+    REPOSITORY_HOSTS); left empty, the book links no repository and the intro says where the course
+    comes from in words."""
+    config = copy.deepcopy(config)
+    url = str((config.get("repository") or {}).get("url") or "").strip()
+    if url and not re.fullmatch(rf"https://({'|'.join(map(re.escape, REPOSITORY_HOSTS))})/[^/\s]+/[^/\s]+/?", url):
+        raise ValueError(f"book/_config.yml: repository url {url!r} is not a repository on "
+                         f"{', '.join(REPOSITORY_HOSTS)} (https://HOST/OWNER/NAME, the hosts the book theme's button "
+                         "knows); set the course's public repository there, or leave it empty for a book without one")
+    config["repository"] = {**(config.get("repository") or {}), "url": url}
+    config.setdefault("html", {})["use_repository_button"] = bool(url)
+    substitutions = config.setdefault("parse", {}).setdefault("myst_substitutions", {})
+    substitutions["course_source"] = f"from its repository, <{url}>" if url else COURSE_SOURCE_UNSET
+    return config
+
+
 def stage(chapters: dict[str, object], stage_dir: Path, book_dir: Path) -> None:
-    """Lay out the book's source: book/'s files, stub pages for missing ones, chapters/<name>.ipynb."""
+    """Lay out the book's source: book/'s files (its configuration as book_config makes it), stub pages
+    for missing ones, chapters/<name>.ipynb."""
+    import yaml
+
     shutil.rmtree(stage_dir, ignore_errors=True)
     shutil.copytree(book_dir, stage_dir, ignore=shutil.ignore_patterns("_build", "README.md"))
+    config = book_config(yaml.safe_load((book_dir / "_config.yml").read_text()))
+    (stage_dir / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     for name in WRITTEN_PAGES:
         if not (stage_dir / name).exists():
             title = name.removesuffix(".md").replace("_", " ").capitalize()
@@ -275,11 +302,13 @@ def launch_chromium(playwright):
 
 
 def wait_for_math(page, timeout_ms: int = 60_000) -> None:
-    """Wait until MathJax (if the page loads it) has typeset the page."""
+    """Wait until MathJax (if the page loads it) has typeset the page and book/_static/course.js has
+    fitted its displayed formulas to the column (window.courseMathReady)."""
     page.wait_for_function("() => !document.querySelector('script[src*=\"mathjax\"]') || "
                            "(window.MathJax && window.MathJax.startup && window.MathJax.startup.promise)",
                            timeout=timeout_ms)
     page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+    page.evaluate("() => window.courseMathReady")
 
 
 def print_pdf(page_path: Path, out_pdf: Path) -> Path:
@@ -303,10 +332,12 @@ def _print_pdf(page_path: Path, out_pdf: Path) -> Path:
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
         try:
-            page = browser.new_page()
+            # Laid out as printed (print media, a window as wide as the paper's column) before the
+            # formulas are fitted to the column (book/_static/course.js), so none is cut at the margin.
+            page = browser.new_page(viewport={"width": PRINT_COLUMN_PX, "height": 1000})
+            page.emulate_media(media="print")
             page.goto(page_path.resolve().as_uri(), wait_until="load")
             wait_for_math(page)
-            page.emulate_media(media="print")
             # outline: bookmarks from the headings (Chromium's generateDocumentOutline, which needs a
             # tagged PDF); the footer numbers every page.
             options = dict(format="A4", print_background=True, outline=True, tagged=True,
@@ -314,6 +345,7 @@ def _print_pdf(page_path: Path, out_pdf: Path) -> Path:
                            margin={"top": "15mm", "bottom": "17mm", "left": "12mm", "right": "12mm"})
             # Printed twice: the first print says on which page each heading landed, the contents
             # list gets those numbers (on lines it already fills, so no page moves), the second is kept.
+            page.evaluate(MARK_CONTENTS_JS)
             pages = pdf_destination_pages(page.pdf(**options))
             page.evaluate(NUMBER_CONTENTS_JS, pages)
             page.pdf(path=str(out_pdf), **options)
@@ -322,17 +354,30 @@ def _print_pdf(page_path: Path, out_pdf: Path) -> Path:
     return out_pdf
 
 
-NUMBER_CONTENTS_JS = """pages => {
+# Each entry of the printed contents links its chapter's heading by an id of its own: a chapter's
+# section id can be another's (chapter 3, "The paged KV cache", has the book title's), and a PDF has one
+# destination per name. The heading, not the document anchor before it, which can stay at the foot of
+# the page before when the heading moves on to the next one.
+MARK_CONTENTS_JS = """() => {
   const links = document.querySelectorAll('.onlyprint li.toctree-l1 > a[href^="#"]');  // the printed contents
-  const sections = Array.from(document.querySelectorAll('section[id]'));
-  for (const link of links) {
-    // the chapter's first section (its heading), not the document anchor before it, which can stay
-    // at the foot of the page before when the heading moves on to the next one
-    const id = decodeURIComponent(link.getAttribute('href').slice(1));
-    const anchor = document.getElementById(id);
+  const sections = Array.from(document.querySelectorAll('section'));
+  links.forEach((link, k) => {
+    const anchor = document.getElementById(decodeURIComponent(link.getAttribute('href').slice(1)));
     const section = anchor && sections.find(
         s => s === anchor || anchor.compareDocumentPosition(s) & Node.DOCUMENT_POSITION_FOLLOWING);
-    const page = (section && pages[section.id]) || pages[id];
+    const heading = section && section.querySelector('h1, h2, h3');
+    if (heading) {
+      heading.id = `course-contents-${k + 1}`;  // Chromium names a destination only for a link's target
+      link.dataset.courseHeading = heading.id;
+      link.setAttribute('href', `#${heading.id}`);
+    }
+  });
+  return links.length;
+}"""
+NUMBER_CONTENTS_JS = """pages => {
+  const links = document.querySelectorAll('.onlyprint li.toctree-l1 > a[data-course-heading]');
+  for (const link of links) {
+    const page = pages[link.dataset.courseHeading];
     if (page && !link.querySelector('.course-toc-page')) {
       const number = document.createElement('span');
       number.className = 'course-toc-page';
