@@ -54,7 +54,7 @@ from typing import Sequence
 import torch
 
 import engine.config
-from engine.cache import slots as reference_slots
+from engine.blocks import ceil_div
 from engine.cache.allocator import BlockAllocator as ReferenceAllocator  # the engine's
 from engine.cache.errors import BlockRefError, OutOfBlocks
 from engine.cache.paged import PagedKVCache
@@ -65,8 +65,10 @@ from engine.course.figures.ch02 import (draw_block_table, draw_pool,
                                         plot_block_size_tradeoff)
 from engine.course.widgets import explorer
 from engine.config import ModelConfig
-from engine.tools.demos.paged import paged_figures, request_lengths, static_figures
+from engine.tools.demos.paged import request_lengths, static_figures
 from engine.generate import cached_step, scratch_logits
+
+paged_figures = ch02.paged_figures   # a paged cache's figures, from block counts alone
 
 CONFIGS = Path(engine.config.__file__).parent / "configs"  # published config.json files
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -240,7 +242,7 @@ POOL_BLOCKS = 48
 
 def scrambled_table(length, block_size, seed=0):
     """Physical blocks for `length` tokens, drawn in scrambled order from the pool."""
-    count = reference_slots.blocks_needed(length, block_size)
+    count = ceil_div(length, block_size)
     return random.Random(seed).sample(range(POOL_BLOCKS), count)
 
 
@@ -252,8 +254,8 @@ def show_table(length=37, block_size=8, seed=0):
           f"{len(table) * block_size} slots, {tail} empty in the last block")
     print(f"table {table}")
     last = length - 1
-    block, offset = reference_slots.physical_slot(table, last, block_size)
-    flat = reference_slots.slot_index(table, last, block_size)
+    block, offset = table[last // block_size], last % block_size   # the slot formula
+    flat = block * block_size + offset
     print(f"last position {last}: logical block {last // block_size} -> physical block "
           f"{block}, offset {offset}, flat slot {flat}")
     draw_block_table(table, length, block_size)
@@ -316,7 +318,7 @@ for size in (8, 16, 32, 64, 128):
 sizes = [8, 16, 32, 64, 128]
 n = 300
 waste = [(b - 1) / 2 for b in sizes]
-entries = [reference_slots.blocks_needed(n, b) for b in sizes]
+entries = [ceil_div(n, b) for b in sizes]
 for b, w, e in zip(sizes, waste, entries):
     print(f"block size {b:3d}: expected tail {w:5.1f} slots "
           f"({w / n:5.1%} of {n} tokens), table {e:2d} entries")

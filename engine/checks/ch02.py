@@ -32,6 +32,18 @@ def _table_for(length: int, bs: int, seed: int) -> list[int]:
     return rng.sample(range(100, 100 + 4 * count + 4), count)
 
 
+def paged_figures(lengths: list[int], block_size: int) -> dict:
+    """What a paged cache with blocks of `block_size` reserves for requests of `lengths` tokens: the same
+    figures as engine.tools.demos.paged.paged_figures (which stores them in a PagedKVCache), counted with the
+    runtime's ceiling division, so the chapter's figures run in every edition of the engine, before the
+    learner's slot math and chapter 3's cache are written."""
+    blocks = [ceil_div(n, block_size) for n in lengths]
+    slots = sum(blocks) * block_size
+    return {"block_size": block_size, "tokens_stored": sum(lengths), "slots_reserved": slots,
+            "utilization": round(sum(lengths) / slots, 3) if slots else 0.0,
+            "mean_table_length": round(sum(blocks) / len(lengths), 1) if lengths else 0.0}
+
+
 # --------------------------------------------------------------------------------------------------
 # slot math
 # --------------------------------------------------------------------------------------------------
