@@ -140,6 +140,43 @@ def test_divergence_message_names_the_position():
                                                              "at position 10"])
 
 
+def test_a_divergence_is_written_out_as_text():
+    """The milestone's failure goes on with the trained model's sentence, from scratch and through the
+    learner's forked cache, and the token where they part."""
+    text = ch04.continuations.side_by_side(ch04.forked_run(NoCopyOnWrite))
+    message = fails_with(ch04.check_fork_then_diverge, NoCopyOnWrite,
+                         DIVERGED + ["The trained tiny model writes it out: from-scratch: ", ", yours: ",
+                                     f", token {text.parted_at}"])
+    assert str(text) in message and text.prompt == "The block table maps"
+    cut = text.parted_at - len(text.prompt)
+    assert cut >= 0 and text.scratch[:cut] == text.cached[:cut] and text.scratch[cut] != text.cached[cut]
+
+
+def test_the_engine_writes_the_same_sentence_through_a_fork():
+    text = ch04.continuations.side_by_side(ch04.forked_run(PagedKVCache))
+    assert text.parted_at is None and text.scratch == text.cached and len(text.scratch) == 24
+    assert str(text).startswith("from-scratch and yours both write 'The block table maps")
+
+
+def test_a_passing_check_writes_no_text(monkeypatch):
+    def never(*args):
+        raise AssertionError("continuations computed for a passing check")
+    monkeypatch.setattr(ch04.continuations, "shown", never)
+    passes(ch04.check_fork_then_diverge, PagedKVCache)
+
+
+def test_a_cache_that_crashes_while_writing_still_gets_its_message():
+    from engine.checkpoint import trained_config
+
+    class CrashesOnFork(NoCopyOnWrite):
+        def fork(self, parent, child):
+            if self.config == trained_config():            # only in the text's run, under the trained model
+                raise RuntimeError("fork broke")
+            super().fork(parent, child)
+    message = fails_with(ch04.check_fork_then_diverge, CrashesOnFork, DIVERGED)
+    assert "could not write through your cache: RuntimeError: fork broke" in message
+
+
 # ---- the chapter's small exercise: blocks held by n forked samples ---------------------------------
 
 def shared_blocks(prompt_len, n, generated, block_size):

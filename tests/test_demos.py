@@ -40,8 +40,9 @@ def test_paged_sweep_plots_utilization_against_block_size(capsys, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_fork_shares_the_prompt_and_copies_one_block_per_fork(capsys):
-    got = run(capsys, "fork")
+@pytest.mark.parametrize("model", ["trained", "tiny"])
+def test_fork_shares_the_prompt_and_copies_one_block_per_fork(capsys, model):
+    got = run(capsys, "fork", "--model", model)
     assert (got["parent_blocks"], got["new_blocks_after_forking"],
             got["new_blocks_after_each_fork_writes_a_token"]) == (3, 0, 4)
     assert got["blocks_for_independent_copies"] == 12
@@ -71,13 +72,15 @@ def test_bench_alloc_reports_every_pool_size(capsys):
     assert all(v > 0 for v in list(got["allocate_ns"].values()) + list(got["release_ns"].values()))
 
 
-def test_beam_search_command_shares_the_prompt_and_frees_every_beam(capsys):
-    """`python -m engine beam` on the seeded tiny model: the search of engine/serve/beam.py, its figures."""
-    from engine.checkpoint import tiny_model
+@pytest.mark.parametrize("model", ["trained", "tiny"])
+def test_beam_search_command_shares_the_prompt_and_frees_every_beam(capsys, model):
+    """`python -m engine beam` on the trained tiny model (the default; its prompt is the course's first
+    paragraph) or the seeded one: the search of engine/serve/beam.py, its figures."""
+    from engine.checkpoint import tiny_model, trained_model
     from engine.generate import scratch_logits
     from engine.seeded import seeded_tokens
     from engine.serve.beam import Beam, select
-    got = run(capsys, "beam", "--prompt-tokens", "40", "--width", "4", "--tokens", "8")
+    got = run(capsys, "beam", "--prompt-tokens", "40", "--width", "4", "--tokens", "8", "--model", model)
     assert (got["width"], got["tokens"], len(got["beams"])) == (4, 8, 4)
     assert all(len(beam["tokens"]) == 8 for beam in got["beams"])
     scores = [beam["score"] for beam in got["beams"]]
@@ -86,7 +89,13 @@ def test_beam_search_command_shares_the_prompt_and_frees_every_beam(capsys):
     assert got["unshared_blocks"] == 4 * blocks_needed(40 + 8 - 1, 16) and got["peak_blocks"] < got["unshared_blocks"]
     assert got["blocks_in_use_after"] == 0                        # every beam's sequence freed
     # the best beam's first token is the greedy choice after the prompt, as select() takes it
-    logits = scratch_logits(tiny_model(seed=0), [seeded_tokens(40, 0)])[0][-1:]
+    if model == "trained":
+        assert got["prompt"] == "A language model writes one token at a t"
+        assert all(bytes(beam["tokens"]).decode() == beam["text"] for beam in got["beams"])
+        weights, prompt = trained_model(), list(got["prompt"].encode())
+    else:
+        weights, prompt = tiny_model(seed=0), seeded_tokens(40, 0)
+    logits = scratch_logits(weights, [prompt])[0][-1:]
     first = select([Beam(0)], logits, 4)
     assert got["beams"][0]["tokens"][0] in {token for _, token, _ in first}
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.checkpoint import load_model, write_tiny_checkpoint
+from engine.checkpoint import TRAINED_DIR, load_model, write_tiny_checkpoint
 from engine.generate import scratch_logits
 
 transformers = pytest.importorskip("transformers")
@@ -41,3 +41,13 @@ def test_a_wrong_weight_is_noticed(tmp_path):
         ours.layers[1].self_attn.k_norm.weight[0] += 0.5
     ids = list(range(40, 60))
     assert (scratch_logits(ours, [ids])[0] - hf_logits(path, ids)).abs().max() > 1e-3
+
+
+def test_the_trained_model_matches_transformers():
+    """The committed trained checkpoint (bfloat16 on disk, float32 here) too, on the course's words."""
+    ids = list(b"The block table maps each sequence's logical blocks to physical ones.")
+    got = scratch_logits(load_model(TRAINED_DIR), [ids])[0]
+    expected = hf_logits(TRAINED_DIR, ids)
+    diff = (got - expected).abs().max().item()
+    assert expected.abs().max() > 5          # trained logits, far from a random model's near-ties
+    assert diff <= 2e-5 * expected.abs().max().item(), f"max |engine - transformers| = {diff:.2e}"

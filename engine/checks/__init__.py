@@ -37,6 +37,7 @@ __all__ = [
     "expect_equal",
     "expect_raises",
     "compare_logits",
+    "shows_text",
     "passed",
     "Proved",
     "tiny",
@@ -125,6 +126,16 @@ def compare_logits(got: torch.Tensor, expected: torch.Tensor, what: str, first_p
         fail(f"{what}: the logits differ from a from-scratch run of the same sequence at position "
              f"{first_position + row}: max |Δ| {worst:.3g} (allowed {atol:g})", hint=hint)
     return worst
+
+
+@contextlib.contextmanager
+def shows_text(text: Callable[[], str]):
+    """Around a decisive compare_logits: when it fails, its message goes on with `text()`, e.g. the
+    trained model's two continuations (engine/checks/continuations.py). Called only on a failure."""
+    try:
+        yield
+    except CheckFailed as failure:
+        raise CheckFailed(f"{failure}. {text()}") from None
 
 
 @functools.lru_cache(maxsize=None)

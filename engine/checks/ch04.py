@@ -11,7 +11,8 @@ import random
 
 import torch
 
-from engine.checks import ATOL, ceil_div, check, compare_logits, expect_equal, fail, passed, tiny, where_it_lives
+from engine.checks import (ATOL, ceil_div, check, compare_logits, continuations, expect_equal, fail, passed,
+                           shows_text, tiny, where_it_lives)
 from engine.seeded import seeded_tokens
 
 CORRUPTION_HINT = ("did the write land in a block another sequence still uses? A shared block "
@@ -60,6 +61,22 @@ def _prefill(cache, seq: int, tokens: list[int]) -> None:
     from engine.generate import cached_step
     cache.create(seq)
     cached_step(tiny(), cache, [seq], [tokens])
+
+
+def forked_run(cls, block_size: int = 16, parent_text: bytes = b" and the parent goes its own way"):
+    """A run_cached for continuations.side_by_side: the prompt prefilled as sequence 0 and forked to 1;
+    the child continues greedily while the parent writes other tokens into the shared partial block."""
+    from engine.generate import cached_step
+
+    def run(model, prompt: list[int], tokens: int) -> list[int]:
+        cache = cls(model.config, 2 * ceil_div(len(prompt) + tokens, block_size) + 2, block_size=block_size,
+                    dtype=torch.float32, device="cpu")
+        cache.create(0)
+        first = cached_step(model, cache, [0], [prompt])[0][-1]
+        cache.fork(0, 1)
+        return continuations.greedy_cached(model, cache, 1, first, tokens, others={0: list(parent_text)})
+
+    return run
 
 
 def _pools(cache) -> list[torch.Tensor]:
@@ -257,8 +274,9 @@ def check_fork_then_diverge(cls, block_size: int = 4, seed: int = 0) -> None:
         want = scratch_logits(model, [seqs[s] for s in active])
         for s, g, w in zip(active, got, want):
             n = len(new[s])
-            compare_logits(g, w[-n:], f"{stage}, sequence {s}", first_position=len(seqs[s]) - n,
-                           hint=_diagnose(cache))
+            with shows_text(lambda: continuations.shown(forked_run(cls))):
+                compare_logits(g, w[-n:], f"{stage}, sequence {s}", first_position=len(seqs[s]) - n,
+                               hint=_diagnose(cache))
 
     rng = random.Random(seed)
     # Sequence 0 ends mid-block (2bs + 2 tokens); sequence 10 ends on a block boundary (2bs tokens).

@@ -15,13 +15,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options, each checked by its type before the model loads (engine/tools/cli_args.py)."""
     from engine.tools import cli_args as check
     parser.epilog = ("Limits: a prompt plus --max-tokens must fit the model's trained context "
-                     "(max_position_embeddings in config.json; 4,096 for the tiny model); --max-tokens "
+                     "(max_position_embeddings in config.json; 4,096 for both tiny models); --max-tokens "
                      "is at least 1; --temperature >= 0 and --top-p in (0, 1] are finite numbers (a --temperature "
                      "below 1e-6 is greedy, like 0; the likeliest token is kept however small --top-p is); "
                      "--top-k >= 0; --seed from 0 to 2**63 - 1. "
                      "A bad input prints one 'error: ...' line and exits with status 2.")
-    parser.add_argument("--model", default="tiny", type=check.model_source,
-                        help="'tiny' (seeded, no download) or a checkpoint directory")
+    parser.add_argument("--model", default="trained", type=check.model_source,
+                        help="'trained' (the default: the tiny Qwen3 trained on the course's prose, "
+                             "engine/tiny_model/), 'tiny' (seeded random weights, what the checks use) "
+                             "or a Hugging Face Qwen3 checkpoint directory")
     parser.add_argument("--prompt", action="append", required=True, type=check.non_empty,
                         help="repeat for a batch; not empty (bytes that are not UTF-8 are kept as raw bytes)")
     parser.add_argument("--max-tokens", type=check.positive_int, default=32,
@@ -50,13 +52,14 @@ def main(args: argparse.Namespace) -> int:
     from engine.cache.paged import PagedKVCache
     from engine.cache.slots import blocks_needed
     from engine.cache.static import StaticKVCache
-    from engine.checkpoint import load_model, tiny_model
+    from engine.checkpoint import load_model, tiny_model, trained_model
     from engine.tokenizer import load_tokenizer
 
     params = [SamplingParams(args.temperature, args.top_k, args.top_p, args.max_tokens, args.seed + i)
               for i in range(len(args.prompt))]          # options are checked before the model loads
-    model = tiny_model() if args.model == "tiny" else load_model(args.model)
-    tokenizer = load_tokenizer(None if args.model == "tiny" else args.model, model.config.eos_token_id)
+    named = {"trained": trained_model, "tiny": tiny_model}     # both read bytes: no tokenizer.json
+    model = named[args.model]() if args.model in named else load_model(args.model)
+    tokenizer = load_tokenizer(None if args.model in named else args.model, model.config.eos_token_id)
     prompts = [encode_argument(tokenizer, p) for p in args.prompt]
     check_limits(prompts, args.max_tokens, model.config.max_position_embeddings)
     dtype, longest = next(model.parameters()).dtype, max(len(p) for p in prompts) + args.max_tokens

@@ -1,8 +1,9 @@
 """`python -m engine fork`: one prompt forked n ways; blocks are shared, then copied on first write.
 
-A 40-token prompt fills 3 blocks of 16 (the last one half full). Forking copies block tables, not
-data, so it costs no blocks. When each fork writes its first sampled token, the token lands in the
-shared, half-full last block, so that block alone is copied: one new block per fork.
+A 40-token prompt (the course's own text, for the trained model) fills 3 blocks of 16, the last one
+half full. Forking copies block tables, not data, so it costs no blocks. When each fork writes its
+first sampled token, the token lands in the shared, half-full last block, so that block alone is
+copied: one new block per fork.
 """
 from __future__ import annotations
 
@@ -10,19 +11,19 @@ import argparse
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.slots import blocks_needed
-from engine.checkpoint import tiny_model
-from engine.tools.demos import check_tiny_run, emit
+from engine.tools.demos import add_model_argument, check_tiny_run, demo_model, demo_prompt, emit
 from engine.seeded import seeded_tokens
 from engine.generate import cached_step, max_abs_diff, scratch_logits
 
 
-def run(prompt_tokens: int = 40, forks: int = 4, block_size: int = 16, seed: int = 0) -> dict:
-    """Prefill a prompt through the real PagedKVCache and the tiny model, fork it, let each fork write once."""
-    model = tiny_model(seed=seed)
+def run(prompt_tokens: int = 40, forks: int = 4, block_size: int = 16, seed: int = 0,
+        model_name: str = "trained") -> dict:
+    """Prefill a prompt through the real PagedKVCache and a tiny model, fork it, let each fork write once."""
+    model = demo_model(model_name, seed)
     # Room for the prompt, and for one block per fork: a copy of the shared last block, or a new one.
     num_blocks = max(64, blocks_needed(prompt_tokens, block_size) + forks)
     cache = PagedKVCache(model.config, num_blocks=num_blocks, block_size=block_size)
-    prompt = seeded_tokens(prompt_tokens, seed)
+    prompt = demo_prompt(model_name, prompt_tokens, seed)
     parent, children = 0, list(range(1, forks + 1))
     cache.create(parent)
     cached_step(model, cache, [parent], [prompt])
@@ -48,14 +49,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Prompt length, number of forks, block size and seed."""
     from engine.tools import cli_args as check
     parser.epilog = ("Limits: whole numbers >= 1 (--forks at most 256, --seed 0 to 2**63 - 1); the prompt plus "
-                     "one token must fit the tiny model's 4,096-token context, and the run half the memory. "
+                     "one token must fit the tiny models' 4,096-token context, and the run half the memory. "
                      "A bad input prints one 'error: ...' line and exits with status 2.")
     parser.add_argument("--prompt-tokens", type=check.positive_int, default=40,
                         help="length of the shared prompt (>= 1; + 1 within the 4,096-token context)")
     parser.add_argument("--forks", type=check.int_in(1, MAX_FORKS), default=4,
                         help=f"children forked from the prompt (1 to {MAX_FORKS})")
     parser.add_argument("--block-size", type=check.positive_int, default=16, help="tokens per block (>= 1)")
-    parser.add_argument("--seed", type=check.seed, default=0, help="seed of the model and the tokens (0 to 2**63 - 1)")
+    parser.add_argument("--seed", type=check.seed, default=0,
+                        help="picks the prompt's paragraph and each fork's token (and --model tiny's weights); "
+                             "0 to 2**63 - 1")
+    add_model_argument(parser)
 
 
 MAX_FORKS = 256
@@ -65,6 +69,6 @@ def main(args: argparse.Namespace) -> int:
     """Print the fork demo's block counts as one JSON object."""
     blocks = max(64, blocks_needed(args.prompt_tokens, args.block_size) + args.forks)
     check_tiny_run(f"--prompt-tokens {args.prompt_tokens} + 1, --forks {args.forks}, --block-size {args.block_size}",
-                   args.forks, args.prompt_tokens + 1, blocks * args.block_size)
-    emit(run(args.prompt_tokens, args.forks, args.block_size, args.seed))
+                   args.forks, args.prompt_tokens + 1, blocks * args.block_size, args.model)
+    emit(run(args.prompt_tokens, args.forks, args.block_size, args.seed, args.model))
     return 0
