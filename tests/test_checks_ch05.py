@@ -341,3 +341,66 @@ def test_a_piece_that_breaks_the_engine_is_named_by_the_milestone(pieces, words)
     """The milestone names the piece check that explains a crash, not the engine function that crashed."""
     message = fails_with(lambda _: in_engine(**pieces), None, words)
     assert "PagedKVCache.create" not in message
+
+
+# ---- honest styles: each piece's check drives the learner's pieces put together as one ----------------
+
+class KeysOwn(PrefixCache):
+    """Exercise 5.1 as its cell leaves it (the engine's chain and matches stand in for the learner's)."""
+
+
+class AttachBySuper(PrefixCache):
+    """Exercise 5.2 reading its entries through zero-argument super() and a property of its own."""
+
+    @property
+    def lookups(self):
+        return self.queries
+
+    def attach(self, seq, prompt, salt=None, extra_keys=()):
+        reused = super().attach(seq, prompt, salt, extra_keys)
+        assert self.lookups == self.queries
+        return reused
+
+
+class AttachOnKeys(AttachBySuper, KeysOwn):
+    """The cell's `class Attach(PrefixCache, Keys)`."""
+
+
+class RememberChained(AttachOnKeys):
+    """Exercise 5.3 chained on the learner's Attach (class PrefixCache(Attach)), publishing through super()."""
+
+    def publish(self, block, key, parent, tokens, extra):
+        return super().publish(block, key, parent, tokens, extra)
+
+
+class EvictBySuper(PrefixCache):
+    """Exercise 5.4 with zero-argument super() in forget."""
+
+    def forget(self, entry):
+        super().forget(entry)
+
+
+def test_each_piece_is_checked_on_the_learners_pieces_together():
+    passes(ch05.check_attach, AttachOnKeys, KeysOwn)
+    passes(ch05.check_remember, RememberChained, AttachOnKeys, KeysOwn)
+    passes(ch05.check_evict, EvictBySuper, RememberChained, AttachOnKeys, KeysOwn)
+    assert "160 of 832 tokens prefilled" in passes(in_engine, KeysOwn, AttachOnKeys, RememberChained, EvictBySuper)
+    made = ch05.your_pieces("Evict", EvictBySuper, RememberChained, AttachOnKeys, KeysOwn)
+    assert made.__mro__[1:3] == (EvictBySuper, RememberChained)     # AttachOnKeys, KeysOwn come with Remember
+
+
+class Mixin:
+    """A learner's own helper class, put in two different orders by two cells."""
+
+
+class EvictMixinFirst(Mixin, PrefixCache):
+    pass
+
+
+class RememberMixinLast(PrefixCache, Mixin):
+    pass
+
+
+def test_pieces_without_a_method_order_are_named_in_the_notebooks_terms():
+    fails_with(lambda cls: ch05.check_evict(cls, RememberMixinLast), EvictMixinFirst,
+               ["Evict (Exercise 5.4), Remember (Exercise 5.3) cannot be put together", "no method order"])

@@ -83,14 +83,16 @@ def _engine_key(prefix, parent, tokens, extra) -> int:
 PIECES = ("Evict (Exercise 5.4)", "Remember (Exercise 5.3)", "Attach (Exercise 5.2)", "Keys (Exercise 5.1)")
 
 
-def your_pieces(*pieces):
-    """One PrefixCache class from the pieces given, the latest exercise's first (each a subclass of the
-    engine's that defines only its own methods; a piece may inherit an earlier one): an instance of it is an
-    instance of every piece, so a piece's super() and helpers work wherever a check calls them. A CheckFailed
-    in the notebook's names when Python finds no method order for them (see compose.together)."""
+def your_pieces(latest: str, *pieces):
+    """One PrefixCache class from the pieces given, from the piece named `latest` ("Evict", "Remember", ...)
+    back to Keys (each a subclass of the engine's that defines only its own methods; a piece may inherit an
+    earlier one): an instance of it is an instance of every piece, so a piece's super() and helpers work
+    wherever a check calls them. A CheckFailed in the notebook's names when Python finds no method order for
+    them (see compose.together)."""
     if len(pieces) == 1:
         return pieces[0]
-    made = together("YourPrefixCache", PIECES[-len(pieces):], *pieces)
+    start = next(i for i, label in enumerate(PIECES) if label.startswith(latest + " "))
+    made = together("YourPrefixCache", PIECES[start:start + len(pieces)], *pieces)
     if isinstance(made, str):
         raise CheckFailed(made)
     return made
@@ -98,7 +100,7 @@ def your_pieces(*pieces):
 
 def combine(keys, attach, remember, evict):
     """One PrefixCache class from the four pieces: the chapter's last check serves requests through it."""
-    return your_pieces(evict, remember, attach, keys)
+    return your_pieces("Evict", evict, remember, attach, keys)
 
 
 # ---- exercise 5.1: the key of a block ----------------------------------------------------------------
@@ -226,7 +228,7 @@ def check_attach(cls, *earlier) -> None:
     """attach(seq, prompt) creates seq on the longest chain of cached full blocks, shares them, sets
     its length, always leaves one prompt token to prefill, and counts the lookup; detach undoes it.
     `earlier`: Keys, when the class does not inherit it already."""
-    cls = your_pieces(cls, *earlier)
+    cls = your_pieces("Attach", cls, *earlier)
     prefix = cls(_cache())
     cache = prefix.cache
     shared = seeded_tokens(2 * BS, 12)
@@ -325,7 +327,7 @@ def check_remember(cls, *earlier) -> None:
     """remember(seq, tokens) publishes seq's full blocks whose K/V was computed, each once, with the
     cache's own reference (self.publish), and returns how many it published. `earlier`: the pieces of the
     exercises before (Attach, Keys), whose methods the check runs too."""
-    cls = your_pieces(cls, *earlier)
+    cls = your_pieces("Remember", cls, *earlier)
     prefix = cls(_cache())
     cache = prefix.cache
     prompt = seeded_tokens(2 * BS + 1, 16)
@@ -443,7 +445,7 @@ def check_evict(cls, *earlier) -> None:
     """evict(blocks_wanted) releases evictable entries (leaves only the cache holds), least recently
     released first, until blocks_wanted blocks are free; a parent whose last child goes is next.
     `earlier`: the pieces of the exercises before (Remember, Attach, Keys), whose methods it runs too."""
-    cls = your_pieces(cls, *earlier)
+    cls = your_pieces("Evict", cls, *earlier)
     prefix, (e1, e2, e3, f2) = _eviction_setup(cls)
     cache = prefix.cache
     names = {e1: "e1", e2: "e2", e3: "e3", f2: "f2"}
