@@ -8,9 +8,17 @@ released names:
 This refreshes an nbgrader course directory (default ./course/, gitignored): nbgrader_config.py (with
 a per-cell timeout for Triton-interpreter kernels), source/ from the chapters, generate_assignment; then
 copies every submission it can read into submitted/<id>/<chNN>/, grades each one in the sealed worker
-inside the sandbox (`--jobs` at a time, with progress), runs nbgrader autograde (which takes those
-sealed results), generate_feedback (HTML) and export (grades.csv, plus `flags` and `nbgrader_id`
-columns), and prints a per-student summary and where each output went.
+inside the sandbox (`--jobs` at a time, or `--cluster tcp://host:8786`: each one a task on a Dask
+cluster's workers, engine/course/cluster.py), runs nbgrader autograde (which takes those sealed
+results), generate_feedback (HTML) and export (grades.csv, plus `flags` and `nbgrader_id` columns),
+and prints a per-student summary and where each output went.
+
+Each sealed result is a record in course/sandbox/results/ that only this process writes, with an HMAC
+under the course's key (course/instructor/result-key, 0600, where no sandbox looks) over the student,
+the chapter, the notebook's sha256 and the result: any other record (rewritten, moved from another
+student, for another notebook) is refused, here and in nbgrader's step, and graded again. An authentic
+record for the same notebook, chapter text, grader and limits is kept by the next run, which grades
+only the rest (a run stopped half-way loses nothing).
 
 A class always gets its grades: a submission that cannot be graded (unreadable, binary or truncated,
 not a notebook, a folder named like a notebook, a notebook for no chapter of the course, corrupted
