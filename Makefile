@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: setup test test-fast test-lab lab release grade autograde student-edition book book-instructor book-pdf bench tiny-model lock clean help \
-	hub-setup hub-accounts hub course class-grade
+	hub-setup hub-accounts hub hub-unlock hub-teardown course class-grade
 
 help:
 	@echo "make setup      create .venv and install the pinned environment (idempotent)"
@@ -22,6 +22,8 @@ help:
 	@echo "make class-grade CHAPTER=ch02 [RELEASE=1]   instructor: collect, grade, feedback, reports (exchange)"
 	@echo "make hub-setup  as root: the course installed for every account in $(HUB_PREFIX), for JupyterHub"
 	@echo "make hub-accounts ROSTER=roster.ini, make hub ROSTER=roster.ini   as root: the accounts, the hub"
+	@echo "make hub-unlock CHAPTER=ch02   instructor: students import ch02's reference (after its due date)"
+	@echo "make hub-teardown ROSTER=roster.ini   as root: the class's accounts, exchange folder and hub state removed"
 	@echo "make book       build the HTML book into book/_build/html (make book-instructor: with solutions)"
 	@echo "make book-pdf   the book as one PDF, book/_build/pdf/book.pdf (needs Chromium)"
 	@echo "make test-fast  the suite without notebook execution, book build and browser checks"
@@ -115,6 +117,14 @@ hub-accounts:
 hub:
 	HUB_PREFIX="$(HUB_PREFIX)" HUB_ROSTER="$(abspath $(ROSTER))" HUB_PORT="$(HUB_PORT)" \
 	  $(HUB_PREFIX)/bin/jupyterhub -f $(HUB_PREFIX)/src/engine/course/hub/jupyterhub_config.py
+
+# As an instructor, after CHAPTER's due date: the student engine keeps its reference from now on.
+hub-unlock:
+	$(HUB_PREFIX)/bin/python -m engine.course.hub.student_engine --unlock "$(CHAPTER)" --course "$(COURSE)"
+
+HUB_STATE ?= /srv/jupyterhub
+hub-teardown:
+	$(HUB_PREFIX)/bin/python -m engine.course.hub.accounts --roster "$(ROSTER)" --remove --hub-state "$(HUB_STATE)"
 
 # What an instructor hands out: the chapters named, an engine stubbed for every chapter not unlocked.
 CHAPTERS ?=

@@ -9,7 +9,11 @@ dan hands in nothing; `grade` collects, grades each submission in the sandbox, g
 reports; nbgrader's own export agrees.
 """
 import csv
+import os
+import re
+import sys
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -85,6 +89,33 @@ def test_a_notebook_of_another_chapter_is_named():
         "this is ch02, handed in as ch98"
 
 
+def test_lateness_reads_in_its_own_unit():
+    assert [reports.duration(t) for t in (18, 1500, 3.5 * 3600, 2.1 * 86400)] == \
+        ["18 s", "25 min", "3.5 h", "2.1 days"]
+
+
+def test_a_wrong_chapter_keeps_its_row_when_another_chapter_is_graded(tmp_path, monkeypatch):
+    from nbgrader.api import Gradebook
+    from engine.course.autograde import Fault
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")   # nbgrader's alembic
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", "paged-kv-course") as gradebook:
+        gradebook.update_or_create_student("cy")
+        gradebook.update_or_create_assignment("ch98")
+    reports.record_faults(tmp_path, "ch98", [Fault("cy", "ch98_sealed.ipynb", "this is ch02, handed in as ch98",
+                                                   "ch98")])
+    reports.record_faults(tmp_path, "ch97", [])                 # a later round, another chapter
+    rows = reports.class_rows(tmp_path, None, [SEALED_CHAPTER], faults=[Fault("bob", "x", "why", "ch97")])
+    assert [(r["student_id"], r["score"], r["flags"]) for r in rows] == [("cy", 0.0, "WRONGCH")]
+
+
+def test_written_answers_not_graded_yet_are_shown_so_never_as_zero(tmp_path):
+    summary = [{"chapter": "ch98_sealed", "exercise": "ch98_review", "max_points": "2", "students": 2,
+                "mean": reports.NOT_GRADED_YET, "full_marks": 0, "most_failed_check": "", "failed": 0,
+                "message": ""}]
+    reports.write_summary(tmp_path, summary)
+    assert "| ch98_review | not graded yet / 2 |" in (tmp_path / "summary.md").read_text()
+
+
 # ---- the class through nbgrader's exchange --------------------------------------------------------
 
 
@@ -150,14 +181,18 @@ def test_a_class_from_roster_to_reports_through_the_exchange():
     assert rows["bob"]["due"].startswith(due.strftime("%Y-%m-%d %H:%M"))
 
     history = [r for r in csv.DictReader((course / "submissions.csv").open()) if r["student_id"] == "ada"]
-    assert len(history) == 2 and [r["graded"] for r in history] == ["", "yes"]   # both kept, the last graded
+    assert len(history) == 2 and [r["graded"] for r in history] == ["no", "yes"]   # both kept, the last graded
+    assert [r["graded"] for r in csv.DictReader((course / "submissions.csv").open()) if r["student_id"] == "cy"] == \
+        ["no"]                                                    # the wrong chapter: set aside, not graded
     assert history[0]["submitted_at"] < history[1]["submitted_at"]
 
     ada = (outputs["student reports"] / "ada.md").read_text()
     assert "typed in, the reference's code" in ada and "2 submissions" in ada and "ch98_sealed: 5/5" in ada
     assert "this is not ch98_sealed: none of its graded cells" in (outputs["student reports"] / "cy.md").read_text()
     feedback = next((course / "feedback" / "bob" / "ch98").glob("*.html")).read_text()
-    assert "Notes from the grader" in feedback and "late: " in feedback
+    assert "Notes from the grader" in feedback and re.search(r"late: \d+ (s|min) after", feedback)
+    wrong = (course / "feedback" / "cy" / "ch98" / "ch98_sealed.html").read_text()   # cy is told what was handed in
+    assert "ch98_sealed.ipynb was not graded (0 points)" in wrong and "this is not ch98_sealed" in wrong
 
     summary = list(csv.DictReader((course / "reports" / "summary.csv").open()))
     assert [r["exercise"] for r in summary] == ["ch98_physical_slot", "ch98_allocator", "ch98_shared_blocks"]
@@ -171,7 +206,7 @@ def test_a_class_from_roster_to_reports_through_the_exchange():
     assert exported[1] == ["Points Possible", "", "", "", "", "5", "5"]
     by_id = {row[2]: row for row in exported[2:]}
     assert by_id["ada"] == ["Lovelace, Ada", "", "ada", "ada@example.edu", "", "5", "5"]
-    assert by_id["bob"][5:] == ["3.75", "3.75"] and by_id["dan"][5:] == ["", "0"]
+    assert by_id["bob"][5:] == ["3.75", "3.75"] and by_id["dan"][5:] == ["", "0"] and by_id["cy"][5:] == ["0", "0"]
 
     nbgrader(course, "export", "--to", str(course / "nbgrader-grades.csv"), user="grace")
     raw = {r["student_id"]: float(r["raw_score"]) for r in csv.DictReader((course / "nbgrader-grades.csv").open())}
@@ -180,3 +215,5 @@ def test_a_class_from_roster_to_reports_through_the_exchange():
     # the feedback was released: ada fetches it
     nbgrader(homes / "ada", "fetch_feedback", "ch98", "--student=ada", user="ada", home=homes / "ada")
     assert list((homes / "ada" / "ch98" / "feedback").rglob("ch98_sealed.html"))
+    nbgrader(homes / "cy", "fetch_feedback", "ch98", "--student=cy", user="cy", home=homes / "cy")
+    assert list((homes / "cy" / "ch98" / "feedback").rglob("ch98_sealed.html"))

@@ -121,3 +121,25 @@ def test_edition_refuses_to_replace_a_folder_it_did_not_write(tmp_path):
     done = subprocess.run([sys.executable, "-m", "engine.course.edition", "--chapters", "ch02", "--out",
                            str(tmp_path), "--force"], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 2 and "--force or not" in done.stderr and (tmp_path / "mine.txt").exists()
+
+
+def test_the_hubs_student_engine_keeps_only_the_unlocked_chapters_reference(tmp_path):
+    """engine/course/hub/student_engine.py: ch02 unlocked keeps its allocator, ch03's cache is stubbed;
+    unlocking a chapter not due yet is refused, naming its due date."""
+    from datetime import datetime, timezone
+
+    from engine.course.hub import student_engine
+    engine = student_engine.build(tmp_path / "student", ["ch02"])
+    texts = {path.relative_to(engine).as_posix(): text for path, text in edition_texts(engine).items()}
+    allocator, paged = texts["cache/allocator.py"], texts["cache/paged.py"]
+    assert body_text("engine/cache/allocator.py", "BlockAllocator.allocate") in allocator
+    assert "_edition.yours" not in allocator
+    assert "_edition.yours('ch03_paged_cache', 'PagedKVCache.reserve'" in paged
+    assert body_text("engine/cache/paged.py", "PagedKVCache.reserve") not in paged
+    assert student_engine.unlocked(tmp_path / "student") == ["ch02"]
+    (tmp_path / "course").mkdir()
+    (tmp_path / "course" / "roster.ini").write_text("[chapters]\nch02 = 2027-02-08 23:59\n[students]\nada = Ada\n")
+    assert student_engine.due_refusal(tmp_path / "course", ["ch02"], datetime(2027, 2, 1, tzinfo=timezone.utc)) == (
+        "--unlock ch02 (due 2027-02-08 23:59 UTC): not due yet, so students could import its reference answers; "
+        "unlock it after its due date (or --force)")
+    assert student_engine.due_refusal(tmp_path / "course", ["ch02"], datetime(2027, 3, 1, tzinfo=timezone.utc)) == ""

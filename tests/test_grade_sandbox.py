@@ -408,3 +408,16 @@ def test_the_worker_memory_cannot_be_read_by_a_process_it_starts(tmp_path):
     plain = run_in_bare_sandbox(tmp_path, reader.format(mark="pass"))
     assert sealed.stdout.split()[0] == "denied", sealed.stdout + sealed.stderr
     assert plain.stdout.split()[0] == "read", plain.stdout + plain.stderr    # the test can tell
+
+
+def test_without_a_pids_cgroup_a_fork_bomb_is_bounded_per_account(tmp_path, monkeypatch):
+    """Where no pids cgroup can be made (an instructor on a machine without the delegated ones), the
+    processes are bounded for the account the sandbox runs as (RLIMIT_NPROC: its count now plus the limit)."""
+    sandbox_or_skip()
+    monkeypatch.setattr(sandbox, "_cgroup_parents", lambda: {})
+    assert "RLIMIT_NPROC" in sandbox.limits_note()
+    bomb = ("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(2)\n"
+            "            os._exit(0)\n        n += 1\nexcept OSError as error:\n    print('forks', n, error.errno)\n")
+    run = run_in_bare_sandbox(tmp_path, bomb)
+    said = run.stdout.split()
+    assert said[:1] == ["forks"] and said[2] == "11" and int(said[1]) <= LIMITS.processes, run.stdout + run.stderr

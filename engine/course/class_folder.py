@@ -170,7 +170,8 @@ def prepare(course_dir: Path, roster_file: Path, solutions: Path | None = None, 
     chapters = roster_chapters(roster, solutions)
     course_dir = Path(course_dir).resolve()
     course_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(roster_file, course_dir / "roster.ini")
+    if not (course_dir / "roster.ini").exists() or not (course_dir / "roster.ini").samefile(roster_file):
+        shutil.copyfile(roster_file, course_dir / "roster.ini")
     exchange = str(exchange or exchange_root(course_dir))     # the site's (or nbgrader's) when not given
     hide = [Path(exchange)]
     prepare_course(course_dir, chapters, timeout or AUTOGRADE_CELL_TIMEOUT, sandbox, hide)
@@ -253,14 +254,15 @@ def submission_times(course_dir: Path, assignment: str) -> dict[str, list[str]]:
 
 
 def record_history(course_dir: Path, assignment: str, times: dict[str, list[str]]) -> Path:
-    """course/submissions.csv: one row per submission (student, chapter, time), the graded one marked."""
+    """course/submissions.csv: one row per submission (student, chapter, time), graded yes or no (the one
+    in course/submitted/ is graded; an earlier one, or one set aside, is not)."""
     path = Path(course_dir) / HISTORY_FILE
     rows = [r for r in read_csv(path) if r["assignment"] != assignment]
     for student, stamps in sorted(times.items()):
         graded = _graded_timestamp(course_dir, student, assignment)
         for stamp in stamps:
             rows.append({"student_id": student, "assignment": assignment, "submitted_at": stamp,
-                         "graded": "yes" if stamp == graded else ""})
+                         "graded": "yes" if stamp == graded else "no"})
     _write_csv(path, ["student_id", "assignment", "submitted_at", "graded"], rows)
     return path
 
@@ -328,6 +330,27 @@ def set_aside(course_dir: Path, notebooks: list[Path], chapters: list[Path]) -> 
     return gradable, faults
 
 
+def not_graded_page(course_dir: Path, fault) -> Path | None:
+    """A feedback page for a submission set aside (course/not-graded/), so the student is told which
+    notebook was handed in and why it earned nothing (reports.annotate_feedback adds the notes); it is
+    released with the others (nbgrader's release_feedback needs the submission's timestamp and secret)."""
+    import html
+    aside = Path(course_dir) / "not-graded" / fault.student / fault.assignment
+    notebook = aside / fault.entry
+    if not (aside / "submission_secret.txt").is_file() or notebook.suffix != ".ipynb":
+        return None
+    folder = Path(course_dir) / "feedback" / fault.student / fault.assignment
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("timestamp.txt", "submission_secret.txt"):
+        shutil.copyfile(aside / name, folder / name)
+    page = folder / f"{notebook.stem}.html"
+    page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(notebook.name)}"
+                    f"</title></head><body><h1>{html.escape(fault.assignment)}: {html.escape(notebook.name)} was "
+                    f"not graded (0 points)</h1><p>{html.escape(fault.reason)}.</p><p>Submit the chapter's own "
+                    "notebook again before the due date to be graded.</p></body></html>\n")
+    return page
+
+
 def grade(course_dir: Path, assignment: str, jobs: int = 2, sandbox: str = "auto", release: bool = False,
           progress=print) -> dict[str, Path]:
     """The instructor's round for one chapter after the students submitted: {what: where}."""
@@ -349,6 +372,7 @@ def grade(course_dir: Path, assignment: str, jobs: int = 2, sandbox: str = "auto
         progress(f"not collected: {line}")
     steps["collect"] = time.monotonic() - started
     gradable, faults = set_aside(course_dir, collected, chapter_files(solutions))
+    record_history(course_dir, assignment, submission_times(course_dir, assignment))   # set aside: graded=no
     for fault in faults:
         progress(f"not graded: {fault.line()}")
     started = time.monotonic()
@@ -363,11 +387,14 @@ def grade(course_dir: Path, assignment: str, jobs: int = 2, sandbox: str = "auto
     started = time.monotonic()
     if gradable:
         run_tolerant(course_dir, "generate_feedback", assignment)
+    reports.record_faults(course_dir, assignment, faults)
+    for fault in faults:
+        not_graded_page(course_dir, fault)
     outputs = reports.write_all(course_dir, roster, chapters, faults)
-    outputs["export"] = export.write(course_dir, roster, chapters)
+    outputs["export"] = export.write(course_dir, roster, chapters, faults)
     steps["feedback and reports"] = time.monotonic() - started
     if refused:
-        outputs["not collected"] = Path(course_dir) / NOT_COLLECTED
+        outputs["refused in inbound"] = Path(course_dir) / NOT_COLLECTED
     if release:
         started = time.monotonic()
         try:
@@ -400,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     first = commands.add_parser("prepare", help="the course folder and gradebook from a roster, no submission")
-    first.add_argument("--roster", type=Path, required=True, help="the roster file (see --help above)")
+    first.add_argument("--roster", type=Path, help="the roster file (see --help above; default: the course "
+                       "folder's roster.ini, where make hub-accounts puts the class's one roster)")
     first.add_argument("--solutions", type=Path, default=repo_root() / "solutions")
     first.add_argument("--exchange", default=None, help="nbgrader's exchange folder (default: the site's, "
                        f"else {DEFAULT_EXCHANGE})")
@@ -414,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     second.add_argument("--release", action="store_true", help="release the feedback to the students too")
     args = parser.parse_args(argv)
     if args.command == "prepare":
+        args.roster = args.roster or args.course / "roster.ini"
         if not args.roster.is_file():
             parser.error(f"--roster {args.roster} is not a file (copy engine/course/hub/roster.example.ini)")
         outputs = prepare(args.course, args.roster, args.solutions, args.exchange, args.sandbox)

@@ -10,7 +10,8 @@ export has the same first columns):
 | `SIS User ID` | the student's id (their account on the hub) |
 | `SIS Login ID` | their e-mail from the roster (empty if none) |
 | `Section` | empty |
-| `chNN_topic` | one column per chapter of the roster: the score after the late penalty, empty if not handed in |
+| `chNN_topic` | one column per chapter of the roster: the score after the late penalty; 0 for a notebook |
+| | that could not be graded (another chapter's); empty if not handed in |
 | `Total` | the sum of the chapter columns |
 
 The second row, `Points Possible`, holds each chapter's maximum (and the total's).
@@ -25,10 +26,10 @@ from .paths import chapter_name
 FIXED = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 
 
-def write(course_dir: Path, roster, chapters: list[Path]) -> Path:
-    """Write reports/lms_export.csv from the gradebook; its path."""
+def write(course_dir: Path, roster, chapters: list[Path], faults=()) -> Path:
+    """Write reports/lms_export.csv from the gradebook (and what could not be graded: 0); its path."""
     from .reports import class_rows
-    rows = class_rows(course_dir, roster, chapters, all_chapters=True)
+    rows = class_rows(course_dir, roster, chapters, faults, all_chapters=True)
     names = [chapter_name(path) for path in chapters]
     top = {row["chapter"]: row["max_score"] for row in rows}
     path = Path(course_dir) / "reports" / "lms_export.csv"

@@ -44,6 +44,41 @@ GRADE_FIELDS = ["student_id", "first_name", "last_name", "email", "assignment", 
 
 
 HISTORY_FILE = "submissions.csv"    # every submission collected, with its time (class_folder.record_history)
+FAULTS_FILE = "not-graded.csv"      # what each chapter's latest round could not grade, and why
+FAULT_FIELDS = ["student", "entry", "reason", "assignment"]
+
+
+def record_faults(course_dir: Path, assignment: str, faults) -> Path:
+    """Keep this round's faults for `assignment` (replacing its earlier round's): a wrong chapter's row
+    stays whatever chapter is graded next."""
+    path = Path(course_dir) / FAULTS_FILE
+    rows = [r for r in read_csv(path) if r["assignment"] != assignment]
+    rows += [{"student": f.student, "entry": f.entry, "reason": f.reason, "assignment": f.assignment}
+             for f in faults if f.assignment == assignment]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=FAULT_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def recorded_faults(course_dir: Path, faults=()) -> list:
+    """`faults`, and those recorded (FAULTS_FILE) for the chapters they do not cover."""
+    from types import SimpleNamespace
+    covered = {f.assignment for f in faults}
+    return [*faults, *(SimpleNamespace(**row) for row in read_csv(Path(course_dir) / FAULTS_FILE)
+                       if row["assignment"] not in covered)]
+
+
+def duration(seconds: float) -> str:
+    """A time span in the unit that reads best: '18 s', '25 min', '3.5 h', '2.1 days'."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 def history(course_dir: Path) -> list[dict]:
@@ -123,6 +158,7 @@ def class_rows(course_dir: Path, roster, chapters: list[Path], faults=(), all_ch
 
     from .nbgrader_course import COURSE_ID
     names = {assignment_id(path): chapter_name(path) for path in chapters}
+    faults = recorded_faults(course_dir, faults)
     times: dict[tuple[str, str], list[str]] = {}
     for row in history(course_dir):
         times.setdefault((row["student_id"], row["assignment"]), []).append(row["submitted_at"])
@@ -160,7 +196,7 @@ def class_rows(course_dir: Path, roster, chapters: list[Path], faults=(), all_ch
                                    for g in nb.grades})
                     notes += sealed_flags(course_dir, student_id, assignment)
                     if row["seconds_late"] > 0:
-                        notes.append(f"late: {row['seconds_late'] / 3600:.1f} h after {row['due']}; "
+                        notes.append(f"late: {duration(row['seconds_late'])} after {row['due']}; "
                                      f"penalty {penalty:g} point(s)")
                 stamps = times.get((student_id, assignment), [])
                 if len(stamps) > 1:
@@ -222,12 +258,13 @@ def student_report(rows: list[dict]) -> str:
                   f"- due {row['due'] or 'no due date'}; graded submission {row['submitted_at'] or 'none'}"
                   f" ({row['submissions']} submitted)"]
         if row["late_penalty"]:
-            lines.append(f"- late by {row['seconds_late'] / 3600:.1f} h: {row['late_penalty']:g} point(s) off "
+            lines.append(f"- late by {duration(row['seconds_late'])}: {row['late_penalty']:g} point(s) off "
                          f"{row['raw_score']:g}")
         lines += [f"- [{flag_code(note)}] {note}" for note in row["notes"]]
         if row["exercises"]:
             lines += ["", "| exercise | points |", "|---|---|"]
-            lines += [f"| {ident} | {score:g}/{top:g} |" for ident, (score, top) in row["exercises"].items()]
+            lines += [f"| {ident} | {'not graded yet' if score is None else f'{score:g}'}/{top:g} |"
+                      for ident, (score, top) in row["exercises"].items()]
         lines.append("")
     return "\n".join(lines)
 
@@ -273,16 +310,32 @@ def summary_rows(course_dir: Path, rows: list[dict], chapters: list[Path]) -> li
             continue
         failed = {r["student_id"]: failures(course_dir, r["student_id"], assignment) for r in graded}
         for exercise, tests in exercises_of(chapter).items():
-            scores = [sum(r["exercises"].get(t, (0, 0))[0] or 0 for t in tests) for r in graded]
+            # a written answer not graded yet in formgrader has no score: left out, never counted as 0
+            done = [r for r in graded if all(r["exercises"].get(t, (0, 0))[0] is not None for t in tests)]
+            scores = [sum(r["exercises"].get(t, (0, 0))[0] or 0 for t in tests) for r in done]
             top = sum(graded[0]["exercises"].get(t, (0, 0))[1] or 0 for t in tests)
             seen = Counter((t, _what(failed[r["student_id"]][t])) for r in graded for t in tests
                            if t in failed[r["student_id"]])
             (check, message), times = seen.most_common(1)[0] if seen else (("", ""), 0)
+            mean = f"{sum(scores) / len(scores):.2f}" if scores else NOT_GRADED_YET
+            if scores and len(done) < len(graded):
+                mean += f" ({len(done)} of {len(graded)} graded)"
             out.append({"chapter": chapter_name(chapter), "exercise": exercise, "max_points": f"{top:g}",
-                        "students": len(graded), "mean": f"{sum(scores) / len(scores):.2f}",
+                        "students": len(graded), "mean": mean,
                         "full_marks": sum(1 for s in scores if s >= top > 0),
                         "most_failed_check": check, "failed": times, "message": message})
     return out
+
+
+NOT_GRADED_YET = "not graded yet"     # the mean of written answers no one has graded in formgrader
+
+
+def _share(row: dict) -> float:
+    """The mean as a share of the exercise's points (0 where not graded yet or worth nothing)."""
+    mean = row["mean"].split()[0]
+    if row["mean"] == NOT_GRADED_YET or not float(row["max_points"]):
+        return 0.0
+    return float(mean) / float(row["max_points"])
 
 
 def _what(message: str) -> str:
@@ -315,8 +368,9 @@ def plot_summary(summary: list[dict], path: Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    labels = [f"{r['exercise']} ({r['full_marks']}/{r['students']} full)" for r in summary]
-    shares = [float(r["mean"]) / float(r["max_points"]) if float(r["max_points"]) else 0 for r in summary]
+    labels = [f"{r['exercise']} ({NOT_GRADED_YET})" if r["mean"] == NOT_GRADED_YET else
+              f"{r['exercise']} ({r['full_marks']}/{r['students']} full)" for r in summary]
+    shares = [_share(r) for r in summary]
     figure, axes = plt.subplots(figsize=(7, 0.4 * len(summary) + 1.2))
     axes.barh(range(len(summary)), shares, color="#4a7")
     axes.set_yticks(range(len(summary)), labels, fontsize=8)

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+DELEGATED = "paged-kv-grading"   # a v1 cgroup the instructors' group may make cgroups in (hub/setup.sh)
 SANDBOX_UID = 65534                       # nobody
 HOME_INSIDE = "/home/learner"             # the working folder inside the sandbox
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
@@ -141,13 +142,27 @@ def _cgroup_parents() -> dict[str, Path]:
                         controller in enabled.read_text().split() or _enable(enabled, controller)):
                     found[controller] = parent
                     break
-        else:
+        else:   # this process's own cgroup, else the one delegated to the grading accounts
             root, own = CGROUP_ROOT / controller, _own_cgroup(controller)
             if (root / "cgroup.procs").is_file() and own is not None:
-                parent = root / own.lstrip("/")
-                if parent.is_dir() and os.access(parent, os.W_OK):
-                    found[controller] = parent
+                for parent in (root / own.lstrip("/"), root / DELEGATED):
+                    if parent.is_dir() and os.access(parent, os.W_OK | os.X_OK):
+                        found[controller] = parent
+                        break
     return found
+
+
+def _tasks_of(uid: int) -> int:
+    """How many processes and threads the account runs now (what RLIMIT_NPROC counts)."""
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                count += int(fields["Threads"])
+        except (OSError, KeyError, ValueError):
+            continue
+    return count
 
 
 def _enable(subtree_control: Path, controller: str) -> bool:
@@ -171,12 +186,14 @@ def limits_note() -> str:
         missing.append("no writable memory cgroup: memory is bounded per process (address space), not for "
                        "the whole submission")
     if "pids" not in parents:
-        missing.append("no writable pids cgroup: the number of processes a submission starts is not bounded")
+        missing.append("no writable pids cgroup: the processes a submission starts are bounded for its whole "
+                       "account (RLIMIT_NPROC), not for the submission alone")
     if mode and "--size" not in _bwrap_features():
         missing.append("this bwrap has no --size (needs 0.8): the working folder has no disk quota")
     if not missing:
         return ""
-    return "; ".join(missing) + " (run autograde as root, or on a machine with cgroup delegation)"
+    return "; ".join(missing) + (" (run autograde as root, or as an instructor after make hub-setup, which "
+                                 f"delegates the {DELEGATED} cgroups, or on a machine with cgroup delegation)")
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -247,6 +264,9 @@ def _command(mode: str, binds: list[Path], hide: list[Path], cgroups: list[Path]
         rlimits.update(RLIMIT_CPU=limits.cpu_seconds, RLIMIT_FSIZE=limits.file_mb << 20)
         if not any((c / "memory.max").exists() or (c / "memory.limit_in_bytes").exists() for c in cgroups):
             rlimits["RLIMIT_AS"] = limits.memory_mb << 20   # no memory cgroup: bounded per process at least
+        if not any((c / "pids.max").exists() for c in cgroups):   # no pids cgroup: for the account it runs as
+            uid = SANDBOX_UID if mode == "drop" else os.getuid()
+            rlimits["RLIMIT_NPROC"] = limits.processes + _tasks_of(uid)
     spec = {"cgroups": [str(c / "cgroup.procs") for c in cgroups], "rlimits": rlimits, "argv": command}
     return [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--launch", json.dumps(spec)]
 

@@ -105,6 +105,16 @@ def grp_id() -> int | None:
         return None
 
 
+def home_roster(instructor: str, course: str, roster_file: Path) -> Path:
+    """The class's one roster: the first instructor's COURSE/roster.ini, theirs to edit (written from
+    `roster_file` where it is not there yet); make hub, prepare and grade read it there."""
+    home = Path(pwd.getpwnam(instructor).pw_dir)
+    path = Path(course.replace("~", str(home), 1) if course.startswith("~") else course) / "roster.ini"
+    if not path.exists():
+        write_as(instructor, path, Path(roster_file).read_text())
+    return path
+
+
 def create(roster, course: str, exchange: str | None = None) -> list[str]:
     """Add the accounts that are missing (and, with `exchange`, point each at that exchange instead of the
     site's), instructors in the instructors' group, the course's exchange folder; the accounts made."""
@@ -175,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         print("removed:", " ".join(remove(roster, exchange, args.hub_state)) or "none")
     else:
         print("created:", " ".join(create(roster, args.course, args.exchange)) or "none (all there)")
+        if roster.instructors:
+            print(f"the roster: {home_roster(roster.instructors[0].ident, args.course, args.roster)} "
+                  f"({roster.instructors[0].ident}'s to edit; make hub ROSTER=... and prepare read it there)")
     return 0
 
 

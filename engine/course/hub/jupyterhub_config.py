@@ -33,11 +33,29 @@ c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
 c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
 
+INSTRUCTORS_GROUP = "paged-kv-instructors"      # engine/course/hub/accounts.py
+
+
+def instructor(name: str) -> bool:
+    """Whether the account is in the instructors' group (they read the course's src/; students cannot)."""
+    import grp
+    import pwd
+    try:
+        group = grp.getgrnam(INSTRUCTORS_GROUP)
+        return name in group.gr_mem or pwd.getpwnam(name).pw_gid == group.gr_gid
+    except KeyError:
+        return False
+
+
 # Every account's server: the shared install's, as that account, on 127.0.0.1, opening JupyterLab.
+# Students' Python imports the student edition's engine ($HUB_PREFIX/student: engine/course/hub/
+# student_engine.py); the install's commands are first on PATH (its terminals' login shells get them
+# again from /etc/profile.d/paged-kv-course.sh).
 c.Spawner.cmd = [str(prefix / "bin" / "jupyterhub-singleuser")]
 c.Spawner.ip = "127.0.0.1"
 c.Spawner.default_url = "/lab"
 c.Spawner.environment = {"PATH": f"{prefix / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+                         "PYTHONPATH": lambda spawner: "" if instructor(spawner.user.name) else str(prefix / "student"),
                          "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 c.Spawner.http_timeout = 120
 c.Spawner.start_timeout = 120
