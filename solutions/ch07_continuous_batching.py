@@ -284,13 +284,13 @@ print(f"engine default: preemption={config.preemption!r}, "
 Preemption = Scheduler
 
 # %% nbgrader={"grade": true, "grade_id": "ch07_test_choose_victim", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-ch07.check_choose_victim(Preemption)
+ch07.check_choose_victim(Preemption, Admission)
 
 # %% nbgrader={"grade": true, "grade_id": "ch07_test_preempt", "locked": true, "points": 4, "schema_version": 3, "solution": false}
-ch07.check_preempt(Preemption)
+ch07.check_preempt(Preemption, Admission)
 
 # %% nbgrader={"grade": true, "grade_id": "ch07_test_reserve_or_preempt", "locked": true, "points": 3, "schema_version": 3, "solution": false}
-ch07.check_reserve_or_preempt(Preemption)
+ch07.check_reserve_or_preempt(Preemption, Admission)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_swap_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 7.4 Swap out, swap in
@@ -359,7 +359,7 @@ ch07.check_swap(PagedKVCache, block_size=2)
 Sampling = Scheduler
 
 # %% nbgrader={"grade": true, "grade_id": "ch07_test_parallel_sampling", "locked": true, "points": 3, "schema_version": 3, "solution": false}
-ch07.check_parallel_sampling(Sampling)
+ch07.check_parallel_sampling(Sampling, Preemption, Admission)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_milestone_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 7.6 The milestone: serving under pressure
@@ -377,13 +377,13 @@ ch07.check_parallel_sampling(Sampling)
 # have happened, and once everything is done no block may remain taken.
 
 # %% nbgrader={"grade": false, "grade_id": "ch07_compose", "locked": true, "schema_version": 3, "solution": false}
-class YourScheduler(Sampling, Preemption, Admission):
-    """The engine's scheduler with the methods of your Exercises 7.1, 7.2 and 7.4."""
+YourScheduler = ch07.your_scheduler(Sampling, Preemption, Admission)  # one class
 
 # %% nbgrader={"grade": true, "grade_id": "ch07_test_serving", "locked": true, "points": 6, "schema_version": 3, "solution": false}
-ch07.check_serving_under_pressure(YourScheduler, PagedKVCache)
+ch07.check_serving_under_pressure((Sampling, Preemption, Admission), PagedKVCache)
 ### BEGIN HIDDEN TESTS
-ch07.check_serving_under_pressure(YourScheduler, PagedKVCache, block_size=2, seed=1)
+ch07.check_serving_under_pressure((Sampling, Preemption, Admission), PagedKVCache,
+                                  block_size=2, seed=1)
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_trace_md", "locked": true, "schema_version": 3, "solution": false}

@@ -309,3 +309,31 @@ def test_review_questions(check, right, wrong, words):
     passes(check, right)
     fails_with(check, wrong, [words])
     fails_with(check, None, ["not answered yet"])
+
+
+# ---- honest styles: each check drives the learner's scheduler classes put together as one ---------------
+
+class AdmitBySuper(Scheduler):
+    """Exercise 7.1 with zero-argument super()."""
+
+    def admit(self, seq, budget):
+        return super().admit(seq, budget)
+
+
+class PreemptChained(AdmitBySuper):
+    """Exercise 7.2 chained on the learner's Admission (class Scheduler(Scheduler))."""
+
+    def preempt(self, seq):
+        return super().preempt(seq)
+
+
+class SamplingOwn(Scheduler):
+    """Exercise 7.4 on the engine's Scheduler, as its cell starts."""
+
+
+def test_each_exercise_is_checked_on_the_learners_schedulers_together():
+    passes(ch07.check_preempt, PreemptChained, AdmitBySuper)
+    passes(ch07.check_parallel_sampling, SamplingOwn, PreemptChained, AdmitBySuper)
+    made = ch07.your_scheduler(SamplingOwn, PreemptChained, AdmitBySuper)
+    assert made.__mro__[1:4] == (SamplingOwn, PreemptChained, AdmitBySuper)
+    passes(ch07.check_serving_under_pressure, (SamplingOwn, PreemptChained, AdmitBySuper), PagedKVCache)

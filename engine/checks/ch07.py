@@ -17,6 +17,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, expect_raises,
                            fail, passed, review_choice, review_number, served, tiny)
+from engine.checks.compose import together
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -196,6 +197,24 @@ def _admit_reuses_the_prefix(cls, proved: Proved) -> None:
     proved.note("unused cached blocks evicted to make room")
 
 
+# The notebook's names of the scheduler exercises' classes, the latest first, as the test cells pass them.
+SCHEDULERS = ("Sampling (Exercise 7.4)", "Preemption (Exercise 7.2)", "Admission (Exercise 7.1)")
+
+
+def your_scheduler(*classes, latest: str = "Sampling"):
+    """One Scheduler class from the exercises' classes given, from the one named `latest` back to Admission
+    (each a subclass of the engine's Scheduler, or of the class before it): an instance of it is an instance of
+    each, so super() and the learner's helpers work wherever a check calls them (see compose.together). A
+    CheckFailed in the notebook's names when Python finds no method order for them."""
+    if len(classes) == 1:
+        return classes[0]
+    start = next(i for i, label in enumerate(SCHEDULERS) if label.startswith(latest + " "))
+    made = together("YourScheduler", SCHEDULERS[start:start + len(classes)], *classes)
+    if isinstance(made, str):
+        raise CheckFailed(made)
+    return made
+
+
 @check
 def check_admit(cls) -> None:
     """admit(seq, budget): reserves the first chunk before any compute, counts room for what the sequence
@@ -212,8 +231,9 @@ def check_admit(cls) -> None:
 # ---- exercise 7.2: preemption -----------------------------------------------------------------
 
 @check
-def check_choose_victim(cls) -> None:
+def check_choose_victim(cls, *earlier) -> None:
     """choose_victim(scheduled): the newest running sequence not yet scheduled in this step."""
+    cls = your_scheduler(cls, *earlier, latest="Preemption")
     for count in (2, 3, 5):
         sched = _scheduler(cls, num_blocks=4)
         sched.running = [_sequence(i, [i]) for i in range(count)]
@@ -305,9 +325,10 @@ def _preempt_publishes(cls, mode: str) -> None:
 
 
 @check
-def check_preempt(cls) -> None:
+def check_preempt(cls, *earlier) -> None:
     """preempt(seq): frees (or swaps out) the victim's blocks; a recomputed victim goes back to the
     front of the waiting queue to re-prefill all its tokens; a swapped one keeps its progress."""
+    cls = your_scheduler(cls, *earlier, latest="Preemption")
     proved = Proved("preempt")
     sched, old, new = _preempt_case(cls, "recompute")
     free_before = sched.cache.allocator.num_free
@@ -373,9 +394,10 @@ def check_preempt(cls) -> None:
 
 
 @check
-def check_reserve_or_preempt(cls) -> None:
+def check_reserve_or_preempt(cls, *earlier) -> None:
     """reserve_or_preempt(seq, count, scheduled): reserve; out of blocks, evict unused cached blocks
     first, then preempt choose_victim's pick and retry; False when `seq` itself was the victim."""
+    cls = your_scheduler(cls, *earlier, latest="Preemption")
 
     def crowded():
         sched = _scheduler(cls, num_blocks=11, block_size=4, prefix=True, preemption="recompute")
@@ -549,9 +571,10 @@ def _solo(prompt, params, seed, block_size):
 
 
 @check
-def check_parallel_sampling(cls, n: int = 4, seed: int = 100) -> None:
+def check_parallel_sampling(cls, *earlier, n: int = 4, seed: int = 100) -> None:
     """A request for n samples: one prefill, then n sequences that share the prompt's full blocks, each
     drawing with seed + i; every sample equals a solo run of the same request with that seed."""
+    cls = your_scheduler(cls, *earlier)
     bs = 4
     prompt = seeded_tokens(3 * bs + 1, seed=11)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, ignore_eos=True)
@@ -733,7 +756,10 @@ def _swap_problem(cache_cls) -> str | None:
 def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed: int = 0) -> None:
     """The milestone: your scheduler and your swap in the real engine, a pool so small that requests
     are preempted by both recompute and swap; every output equals its solo run, every logit a
-    from-scratch run within 1e-5, and no block leaks once everything finished or was aborted."""
+    from-scratch run within 1e-5, and no block leaks once everything finished or was aborted.
+    `sched_cls` is one class, or the exercises' classes (Sampling, Preemption, Admission) to put together."""
+    if isinstance(sched_cls, tuple):
+        sched_cls = your_scheduler(*sched_cls)
     try:
         engine, requests, victim = pressure_run(sched_cls, cache_cls, block_size, seed)
     except (CheckFailed, NotImplementedError):
