@@ -55,14 +55,18 @@ def _inner_statements(statement) -> list:
     return inner + list(getattr(statement, "finalbody", []))
 
 
+_OWN_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
+               ast.DictComp, ast.GeneratorExp)
+
+
 def _stores(node, name: str) -> bool:
-    """Whether `node` assigns `name` itself (not inside a function or class it defines)."""
+    """Whether `node` assigns `name` itself (not inside a function, class or comprehension it holds)."""
     todo = [node]
     while todo:
         sub = todo.pop()
         if isinstance(sub, ast.Name) and sub.id == name and isinstance(sub.ctx, ast.Store):
             return True
-        if sub is node or not isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+        if sub is node or not isinstance(sub, _OWN_SCOPES):
             todo += list(ast.iter_child_nodes(sub))
     return False
 
@@ -132,7 +136,7 @@ class Notebook:
                 f"{name} is not a function written with def in your cell")
         if not isinstance(node, ast.ClassDef):
             return f"{name} is not a class written in your cell"
-        set_later = {attr: value for attr, value, _ in self._set_on(name, found)}
+        set_later = {attr for attr, _, _ in self._set_on(name, found)}
         for method in methods:
             if method in set_later:
                 continue                  # _set_on's own rule: a def of the notebook, or refused there
