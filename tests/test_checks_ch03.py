@@ -332,8 +332,9 @@ def test_each_exercise_is_checked_on_the_learners_classes_together():
 
 def test_an_earlier_exercise_that_fails_is_named_where_it_costs_this_one():
     message = fails_with(lambda cls: ch03.check_write(cls, SetBatchSortsRows), StorageOwn,
-                         ["runs your reserve and set_batch from Exercise 3.1 (YourReserve) too",
-                          "check_set_batch fails on it", "Fix Exercise 3.1 first"])
+                         ["runs your reserve and set_batch from YourReserve (Exercise 3.1) too",
+                          "that exercise's own check fails on it: set_batch([2, 0, 1, 3]): self.batch",
+                          "Fix Exercise 3.1 first"])
     assert message.startswith("check_write: ")
 
 

@@ -385,7 +385,7 @@ def test_each_piece_is_checked_on_the_learners_pieces_together():
     passes(ch05.check_remember, RememberChained, AttachOnKeys, KeysOwn)
     passes(ch05.check_evict, EvictBySuper, RememberChained, AttachOnKeys, KeysOwn)
     assert "160 of 832 tokens prefilled" in passes(in_engine, KeysOwn, AttachOnKeys, RememberChained, EvictBySuper)
-    made = ch05.your_pieces("Evict", EvictBySuper, RememberChained, AttachOnKeys, KeysOwn)
+    made = ch05.your_pieces(EvictBySuper, RememberChained, AttachOnKeys, KeysOwn)
     assert made.__mro__[1:3] == (EvictBySuper, RememberChained)     # AttachOnKeys, KeysOwn come with Remember
 
 
@@ -404,3 +404,17 @@ class RememberMixinLast(PrefixCache, Mixin):
 def test_pieces_without_a_method_order_are_named_in_the_notebooks_terms():
     fails_with(lambda cls: ch05.check_evict(cls, RememberMixinLast), EvictMixinFirst,
                ["Evict (Exercise 5.4), Remember (Exercise 5.3) cannot be put together", "no method order"])
+
+
+# Exercise 5.2 with the sequence never created: every later piece's check that attaches crashes.
+AttachNeverCreates = mutant(PrefixCache, "attach", """
+-    self.cache.create(seq)
++    pass
+""", name="AttachNeverCreates")
+
+
+def test_an_earlier_piece_that_fails_is_named_where_it_costs_this_one():
+    fails_with(lambda cls: ch05.check_remember(cls, AttachNeverCreates, KeysOwn), RememberChained,
+               ["check_remember: the code under test crashed with", "This check runs your attach and detach from "
+                "Attach (Exercise 5.2) too, and that exercise's own check fails on it",
+                "Fix Exercise 5.2 first: until it passes, this exercise's points are lost with it"])

@@ -9,8 +9,6 @@ every logit with a from-scratch run. Where a classic bug explains a difference, 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import random
 
 import torch
@@ -18,7 +16,7 @@ import torch
 from engine.cache.errors import OutOfBlocks
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, chosen_letter, compare_logits, expect_equal,
                            expect_raises, fail, passed, review_number, tiny, where_it_lives)
-from engine.checks.compose import together
+from engine.checks.compose import naming_earlier, together
 from engine.seeded import seeded_tokens
 
 
@@ -66,28 +64,19 @@ def your_cache(cls, *earlier):
     return made
 
 
-@contextlib.contextmanager
 def _blaming_earlier(subject: str, earlier):
-    """Around a check that runs the earlier exercises' methods too: when it fails and an earlier exercise's
-    own checks fail on its class, the message says so, and that this exercise's points go with it."""
-    try:
-        yield
-    except Exception as error:
-        if not isinstance(error, CheckFailed) and isinstance(error, NotImplementedError):
-            raise
-        probes = {"YourReserve": (check_reserve, check_set_batch), "YourStorage": (check_write, check_gather)}
-        for (name, exercise, methods), cls in zip(EARLIER[-len(earlier):], earlier):
-            for probe in probes[name]:
-                try:
-                    with contextlib.redirect_stdout(io.StringIO()):
-                        probe(your_cache(cls, *earlier[list(earlier).index(cls) + 1:]))
-                except CheckFailed as probe_failed:
-                    said = str(error) if isinstance(error, CheckFailed) else f"{type(error).__name__}: {error}"
-                    raise CheckFailed(
-                        f"{subject}: {said.removeprefix(subject + ': ')}. This check runs your {methods} from "
-                        f"{exercise} ({name}) too, and {probe.__name__} fails on it ({probe_failed}). Fix "
-                        f"{exercise} first: until it passes, this exercise's points are lost with it") from error
-        raise
+    """naming_earlier around a check of `earlier` classes (YourStorage, YourReserve, the latest first): each is
+    probed with its own exercise's checks, on it and the classes before it."""
+    probes = {"YourReserve": (check_reserve, check_set_batch), "YourStorage": (check_write, check_gather)}
+    named = EARLIER[-len(earlier):] if earlier else ()
+
+    def probe(at: int, checks):
+        def run():
+            for one in checks:
+                one(your_cache(earlier[at], *earlier[at + 1:]))
+        return run
+    return naming_earlier(subject, [(f"{name} ({exercise})", methods, probe(at, probes[name]))
+                                    for at, (name, exercise, methods) in enumerate(named)])
 
 
 def _refcounts(cache) -> list[int]:

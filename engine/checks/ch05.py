@@ -21,7 +21,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, expect_raises,
                            fail, passed, review_choice, review_number, served, tiny)
-from engine.checks.compose import together
+from engine.checks.compose import naming_earlier, together
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -83,7 +83,7 @@ def _engine_key(prefix, parent, tokens, extra) -> int:
 PIECES = ("Evict (Exercise 5.4)", "Remember (Exercise 5.3)", "Attach (Exercise 5.2)", "Keys (Exercise 5.1)")
 
 
-def your_pieces(latest: str, *pieces):
+def your_pieces(*pieces, latest: str = "Evict"):
     """One PrefixCache class from the pieces given, from the piece named `latest` ("Evict", "Remember", ...)
     back to Keys (each a subclass of the engine's that defines only its own methods; a piece may inherit an
     earlier one): an instance of it is an instance of every piece, so a piece's super() and helpers work
@@ -98,9 +98,26 @@ def your_pieces(latest: str, *pieces):
     return made
 
 
+def _naming_earlier(subject: str, latest: str, earlier):
+    """compose.naming_earlier around the check of piece `latest`: each earlier piece given is probed with
+    its own exercise's checks (on it and the pieces before it)."""
+    names = [label.split(" (")[0] for label in PIECES]
+    start = names.index(latest) + 1
+    own = {"Remember": (check_remember,), "Attach": (check_attach,), "Keys": (check_chain, check_matches)}
+    methods = {"Remember": "remember", "Attach": "attach and detach", "Keys": "chain and matches"}
+
+    def probe(at: int, name: str):
+        def run():
+            for one in own[name]:
+                one(*((earlier[at],) if name == "Keys" else earlier[at:]))
+        return run
+    return naming_earlier(subject, [(label, methods[names[start + at]], probe(at, names[start + at]))
+                                    for at, label in enumerate(PIECES[start:start + len(earlier)])])
+
+
 def combine(keys, attach, remember, evict):
     """One PrefixCache class from the four pieces: the chapter's last check serves requests through it."""
-    return your_pieces("Evict", evict, remember, attach, keys)
+    return your_pieces(evict, remember, attach, keys)
 
 
 # ---- exercise 5.1: the key of a block ----------------------------------------------------------------
@@ -228,7 +245,12 @@ def check_attach(cls, *earlier) -> None:
     """attach(seq, prompt) creates seq on the longest chain of cached full blocks, shares them, sets
     its length, always leaves one prompt token to prefill, and counts the lookup; detach undoes it.
     `earlier`: Keys, when the class does not inherit it already."""
-    cls = your_pieces("Attach", cls, *earlier)
+    with _naming_earlier("check_attach", "Attach", earlier):
+        _check_attach(your_pieces(cls, *earlier, latest="Attach"))
+
+
+def _check_attach(cls) -> None:
+    """check_attach's work, on the learner's pieces as one class."""
     prefix = cls(_cache())
     cache = prefix.cache
     shared = seeded_tokens(2 * BS, 12)
@@ -327,7 +349,12 @@ def check_remember(cls, *earlier) -> None:
     """remember(seq, tokens) publishes seq's full blocks whose K/V was computed, each once, with the
     cache's own reference (self.publish), and returns how many it published. `earlier`: the pieces of the
     exercises before (Attach, Keys), whose methods the check runs too."""
-    cls = your_pieces("Remember", cls, *earlier)
+    with _naming_earlier("check_remember", "Remember", earlier):
+        _check_remember(your_pieces(cls, *earlier, latest="Remember"))
+
+
+def _check_remember(cls) -> None:
+    """check_remember's work, on the learner's pieces as one class."""
     prefix = cls(_cache())
     cache = prefix.cache
     prompt = seeded_tokens(2 * BS + 1, 16)
@@ -445,7 +472,12 @@ def check_evict(cls, *earlier) -> None:
     """evict(blocks_wanted) releases evictable entries (leaves only the cache holds), least recently
     released first, until blocks_wanted blocks are free; a parent whose last child goes is next.
     `earlier`: the pieces of the exercises before (Remember, Attach, Keys), whose methods it runs too."""
-    cls = your_pieces("Evict", cls, *earlier)
+    with _naming_earlier("check_evict", "Evict", earlier):
+        _check_evict(your_pieces(cls, *earlier, latest="Evict"))
+
+
+def _check_evict(cls) -> None:
+    """check_evict's work, on the learner's pieces as one class."""
     prefix, (e1, e2, e3, f2) = _eviction_setup(cls)
     cache = prefix.cache
     names = {e1: "e1", e2: "e2", e3: "e3", f2: "f2"}

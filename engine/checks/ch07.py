@@ -17,7 +17,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, expect_raises,
                            fail, passed, review_choice, review_number, served, tiny)
-from engine.checks.compose import together
+from engine.checks.compose import naming_earlier, together
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -201,6 +201,23 @@ def _admit_reuses_the_prefix(cls, proved: Proved) -> None:
 SCHEDULERS = ("Sampling (Exercise 7.4)", "Preemption (Exercise 7.2)", "Admission (Exercise 7.1)")
 
 
+def _naming_earlier(subject: str, latest: str, earlier):
+    """compose.naming_earlier around a check of exercise `latest`'s class: each earlier class given is probed
+    with its own exercise's checks (on it and the classes before it)."""
+    names = [label.split(" (")[0] for label in SCHEDULERS]
+    start = names.index(latest) + 1
+    own = {"Preemption": (check_choose_victim, check_preempt, check_reserve_or_preempt), "Admission": (check_admit,)}
+    methods = {"Preemption": "reserve_or_preempt, choose_victim and preempt", "Admission": "admit"}
+
+    def probe(at: int, name: str):
+        def run():
+            for one in own[name]:
+                one(*((earlier[at],) if name == "Admission" else earlier[at:]))
+        return run
+    return naming_earlier(subject, [(label, methods[names[start + at]], probe(at, names[start + at]))
+                                    for at, label in enumerate(SCHEDULERS[start:start + len(earlier)])])
+
+
 def your_scheduler(*classes, latest: str = "Sampling"):
     """One Scheduler class from the exercises' classes given, from the one named `latest` back to Admission
     (each a subclass of the engine's Scheduler, or of the class before it): an instance of it is an instance of
@@ -233,7 +250,12 @@ def check_admit(cls) -> None:
 @check
 def check_choose_victim(cls, *earlier) -> None:
     """choose_victim(scheduled): the newest running sequence not yet scheduled in this step."""
-    cls = your_scheduler(cls, *earlier, latest="Preemption")
+    with _naming_earlier("check_choose_victim", "Preemption", earlier):
+        _check_choose_victim(your_scheduler(cls, *earlier, latest="Preemption"))
+
+
+def _check_choose_victim(cls) -> None:
+    """check_choose_victim's work, on the learner's pieces as one class."""
     for count in (2, 3, 5):
         sched = _scheduler(cls, num_blocks=4)
         sched.running = [_sequence(i, [i]) for i in range(count)]
@@ -328,7 +350,12 @@ def _preempt_publishes(cls, mode: str) -> None:
 def check_preempt(cls, *earlier) -> None:
     """preempt(seq): frees (or swaps out) the victim's blocks; a recomputed victim goes back to the
     front of the waiting queue to re-prefill all its tokens; a swapped one keeps its progress."""
-    cls = your_scheduler(cls, *earlier, latest="Preemption")
+    with _naming_earlier("check_preempt", "Preemption", earlier):
+        _check_preempt(your_scheduler(cls, *earlier, latest="Preemption"))
+
+
+def _check_preempt(cls) -> None:
+    """check_preempt's work, on the learner's pieces as one class."""
     proved = Proved("preempt")
     sched, old, new = _preempt_case(cls, "recompute")
     free_before = sched.cache.allocator.num_free
@@ -397,7 +424,12 @@ def check_preempt(cls, *earlier) -> None:
 def check_reserve_or_preempt(cls, *earlier) -> None:
     """reserve_or_preempt(seq, count, scheduled): reserve; out of blocks, evict unused cached blocks
     first, then preempt choose_victim's pick and retry; False when `seq` itself was the victim."""
-    cls = your_scheduler(cls, *earlier, latest="Preemption")
+    with _naming_earlier("check_reserve_or_preempt", "Preemption", earlier):
+        _check_reserve_or_preempt(your_scheduler(cls, *earlier, latest="Preemption"))
+
+
+def _check_reserve_or_preempt(cls) -> None:
+    """check_reserve_or_preempt's work, on the learner's pieces as one class."""
 
     def crowded():
         sched = _scheduler(cls, num_blocks=11, block_size=4, prefix=True, preemption="recompute")
@@ -574,7 +606,12 @@ def _solo(prompt, params, seed, block_size):
 def check_parallel_sampling(cls, *earlier, n: int = 4, seed: int = 100) -> None:
     """A request for n samples: one prefill, then n sequences that share the prompt's full blocks, each
     drawing with seed + i; every sample equals a solo run of the same request with that seed."""
-    cls = your_scheduler(cls, *earlier)
+    with _naming_earlier("check_parallel_sampling", "Sampling", earlier):
+        _check_parallel_sampling(your_scheduler(cls, *earlier, latest="Sampling"), n, seed)
+
+
+def _check_parallel_sampling(cls, n: int = 4, seed: int = 100) -> None:
+    """check_parallel_sampling's work, on the learner's pieces as one class."""
     bs = 4
     prompt = seeded_tokens(3 * bs + 1, seed=11)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, ignore_eos=True)

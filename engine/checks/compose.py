@@ -10,7 +10,10 @@ that is left. Where Python finds no method order for them, it says so in the nam
 """
 from __future__ import annotations
 
-from engine.checks import where_it_lives
+import contextlib
+import io
+
+from engine.checks import CheckFailed, where_it_lives
 
 
 @where_it_lives
@@ -41,3 +44,30 @@ def together(name: str, labels: tuple, *classes) -> type | str:
                 f"each exercise's class subclass the engine's class, as its cell starts, or the class of the "
                 f"exercise before it (class X(X) chains them); change the class line of {bases[0][1]}'s cell, "
                 f"run it and the cells after it again")
+
+
+@contextlib.contextmanager
+def naming_earlier(subject: str, earlier):
+    """Around a check that runs the earlier exercises' methods too. `earlier`: (label, methods, probe) for
+    each earlier class ("YourReserve (Exercise 3.1)", "reserve and set_batch", a callable that runs that
+    exercise's own checks on it and raises CheckFailed). When the check fails and a probe fails too, the
+    message says which earlier exercise is at fault, that this exercise's points go with it, and what to fix."""
+    try:
+        yield
+    except Exception as error:
+        if isinstance(error, NotImplementedError) and not isinstance(error, CheckFailed):
+            raise
+        for label, methods, probe in earlier:
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    probe()
+            except CheckFailed as probe_failed:
+                said = str(error) if isinstance(error, CheckFailed) else \
+                    f"the code under test crashed with {type(error).__name__}: {error}"
+                exercise = label.partition(" (")[2].rstrip(")")
+                probe_said = str(probe_failed).replace(". Hint: ", "; its hint: ")
+                raise CheckFailed(
+                    f"{subject}: {said.removeprefix(subject + ': ')}. This check runs your {methods} from "
+                    f"{label} too, and that exercise's own check fails on it: {probe_said}. Fix {exercise} "
+                    f"first: until it passes, this exercise's points are lost with it") from error
+        raise
