@@ -12,6 +12,14 @@ their own account, collects, grades in the sandbox, gives feedback and releases 
 it; grades.csv is checked. Formgrader answers the instructor only. Each step's time is printed and
 written to build/test-course/hub-e2e-times.json.
 
+A fourth student, in a plain login shell (no browser), tries to spoil it: renames the course's exchange
+folder, lists inbound/, reads the install's solutions/ and reference engine, submits a blank notebook
+under another student's name, a folder of no submission's name and one with no submission_secret.txt,
+and hands in a fork bomb and a memory hog of their own. Each is refused (its message is kept in the
+times file), and the class is graded and its feedback released regardless, with the sandbox's limits in
+force for the instructor; a fork bomb and a memory hog run in the bare sandbox as the instructor are
+contained. The teardown (accounts.py --remove) leaves no account, exchange folder or hub state.
+
 Skips, in one line, where Chromium, npm, root or the shared install is missing; never under CI=true.
 """
 import csv
@@ -38,6 +46,33 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 PREFIX = Path(os.environ.get("HUB_PREFIX", "/opt/paged-kv-course"))
 INSTRUCTOR = "pkvtest-teach"
 STUDENTS = {"pkvtest-ada": "solution", "pkvtest-bob": "planted bug", "pkvtest-cy": "untouched"}
+HOSTILE = "pkvtest-eve"          # in a login shell only
+FORK_BOMB = ("import os\ntry:\n    while True:\n        os.fork()\n"
+             "except BaseException as error:\n    print('no fork:', error)\n")
+MEMORY_HOG = "hog = b'x' * (12 << 30)\n"
+BARE = '''"""A fork bomb and a memory hog in the bare sandbox, as whoever runs this."""
+import pathlib, subprocess, sys, tempfile
+from engine.course.sandbox import Limits, Sandbox, limits_note
+BOMB = """import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print("forks", n, e)
+"""
+HOG = "hog = b'x' * (2 << 30)\\nprint('allocated')\\n"
+print("limits:", limits_note() or "all in force")
+work = pathlib.Path(tempfile.mkdtemp())
+for name, code in {"fork bomb": BOMB, "memory hog": HOG}.items():
+    box = Sandbox(work / name.replace(" ", "-"), limits=Limits(memory_mb=512, processes=64))
+    run = subprocess.run(box([sys.executable, "-I", "-c", code], work), capture_output=True, text=True, timeout=120)
+    box.close()
+    print(name, "exit", run.returncode, " | ".join((run.stdout + run.stderr).strip().splitlines())[-300:])
+'''
 PASSWORD = "hub-e2e-" + "%08x" % random.getrandbits(32)
 CHAPTER = REPO / "solutions" / "ch02_block_tables.py"
 NOTEBOOK = "ch02/ch02_block_tables.ipynb"
@@ -88,15 +123,45 @@ def free_ports() -> int:
     raise RuntimeError("no three free ports on 127.0.0.1")
 
 
-def as_account(account: str, *command: str, timeout: int = 600) -> str:
-    """Run a command in the account (its home, HOME and PATH the shared install's), as a terminal there would."""
-    home = f"/home/{account}"
-    env = ["env", "-i", f"HOME={home}", f"USER={account}", f"PATH={PREFIX / 'bin'}:/usr/bin:/bin",
-           "LANG=C.UTF-8"]
-    result = subprocess.run(["runuser", "-u", account, "--", *env, *command], cwd=home, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, f"{account}: {' '.join(command)}:\n{result.stdout}{result.stderr}"
-    return result.stdout + result.stderr
+def attempt(account: str, command: str) -> tuple[int, str]:
+    """A command in the account's login shell (/etc/profile and profile.d, as a terminal or ssh would):
+    (exit status, what it printed)."""
+    result = subprocess.run(["runuser", "-l", account, "-c", command], capture_output=True, text=True, timeout=900)
+    return result.returncode, (result.stdout + result.stderr).strip()
+
+
+def refused(account: str, command: str, words: str) -> str:
+    """The account's attempt, which must fail saying `words`; what it said."""
+    status, said = attempt(account, command)
+    assert status != 0 and words in said, f"{account} was not refused: {command}: {status} {said}"
+    return said.splitlines()[-1]
+
+
+def spoil(exchange: Path) -> dict[str, str]:
+    """What the hostile student tries before the grading, each refused: {attempt: the refusal's message}."""
+    course = exchange / "paged-kv-course"
+    src = PREFIX / "src"
+    said = {"rename the course's exchange folder": refused(HOSTILE, f"mv {course} {exchange}/mine",
+                                                           "Operation not permitted"),
+            "list inbound/": refused(HOSTILE, f"ls {course}/inbound", "Permission denied"),
+            "read solutions/": refused(HOSTILE, f"cat {src}/solutions/ch02_block_tables.py", "Permission denied"),
+            "read the reference engine": refused(HOSTILE, f"cat {src}/engine/cache/allocator.py",
+                                                 "Permission denied")}
+    status, source = attempt(HOSTILE, "python -c 'import inspect, engine.cache.allocator as a; print(a.__file__); "
+                                      "print(inspect.getsource(a.BlockAllocator.allocate))'")
+    assert status == 0 and str(PREFIX / "student") in source and "_edition.yours" in source, source
+    said["import the reference"] = "the student engine's stub: " + source.splitlines()[-1].strip()
+    # under another's name (later than theirs), no submission's name, no secret: all put there by eve
+    blank = course / "outbound" / "ch02" / "ch02_block_tables.ipynb"
+    later = "2098-12-31 00:00:00.000000 UTC"
+    for name, secret in ((f"pkvtest-ada+ch02+{later}+forged", True), ("garbage", True),
+                         (f"{HOSTILE}+ch02+{later}+nosecret", False)):
+        folder = f"'{course}/inbound/{name}'"
+        secret_file = f" && echo 0 > {folder}/submission_secret.txt" if secret else ""
+        status, out = attempt(HOSTILE, f"mkdir {folder} && cp {blank} {folder}/ && echo '{later}' > "
+                              f"{folder}/timestamp.txt{secret_file}")
+        assert status == 0, out
+    return said
 
 
 def accounts(roster: Path, *flags: str) -> None:
@@ -169,12 +234,12 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
     root = Path(tempfile.mkdtemp(prefix="pkv-hub-e2e-"))
     root.chmod(0o755)
     exchange = root / "exchange"
-    exchange.mkdir(mode=0o777)
-    exchange.chmod(0o777)
+    exchange.mkdir()
+    refusals: dict[str, str] = {}
     roster = root / "roster.ini"
     roster.write_text("[chapters]\nch02 = 2099-01-01 00:00\n[instructors]\n"
                       f"{INSTRUCTOR} = Grace Hopper <grace@example.edu>\n[students]\n"
-                      + "".join(f"{name} = {name[8:].title()} Student\n" for name in STUDENTS))
+                      + "".join(f"{name} = {name[8:].title()} Student\n" for name in [*STUDENTS, HOSTILE]))
     roster.chmod(0o644)
     port = free_ports()
     base = f"http://127.0.0.1:{port}"
@@ -182,13 +247,35 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
     accounts(roster, "--remove")          # what an interrupted run left
     try:
         accounts(roster, "--exchange", str(exchange))
+        assert exchange.stat().st_mode & 0o7777 == 0o1777
+        assert (exchange / "paged-kv-course" / "inbound").stat().st_mode & 0o7777 == 0o3733
         step("accounts")
         course = f"/home/{INSTRUCTOR}/course"
-        as_account(INSTRUCTOR, "python", "-m", "engine.course.class_folder", "prepare", "--roster", str(roster),
-                   "--course", course, "--exchange", str(exchange), "--sandbox", "required")
+        # the guide's steps in the instructor's login shell (the install's commands on PATH)
+        status, said = attempt(INSTRUCTOR, f"python -m engine.course.class_folder prepare --roster {roster} "
+                               f"--course {course} --exchange {exchange} --sandbox required")
+        assert status == 0 and f"{HOSTILE}" in said and "ch02 due 2099-01-01 00:00 UTC" in said, said
+        assert "only from the account it names: yes" in said, said
         step("instructor: make course (no submission)")
-        as_account(INSTRUCTOR, "sh", "-c", f"cd {course} && nbgrader release_assignment ch02")
+        status, said = attempt(INSTRUCTOR, f"cd {course} && nbgrader release_assignment ch02 && head -c 40 "
+                               f"{PREFIX}/src/solutions/ch02_block_tables.py")
+        assert status == 0 and "Released as" in said, said
+        refusals["unlock ch02 before its due date"] = refused(
+            INSTRUCTOR, f"python -m engine.course.hub.student_engine --unlock ch02 --course {course}", "not due yet")
         step("instructor: release ch02")
+
+        refusals.update(spoil(exchange))
+        notebook = Path(f"/home/{HOSTILE}") / NOTEBOOK
+        assert attempt(HOSTILE, "nbgrader fetch_assignment ch02")[0] == 0
+        hostile = json.loads(notebook.read_text())        # eve's own work: a fork bomb and a memory hog
+        for cell in hostile["cells"]:
+            ident = (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id")
+            if ident in ("ch02_physical_slot", "ch02_slot_index"):
+                cell["source"] = FORK_BOMB if ident == "ch02_physical_slot" else MEMORY_HOG
+        notebook.write_text(json.dumps(hostile))
+        status, said = attempt(HOSTILE, "nbgrader submit ch02")
+        assert status == 0, said
+        step(f"{HOSTILE}: refused 5 ways, 3 folders planted in inbound/, a fork bomb and a memory hog submitted")
 
         env = {"PATH": f"{PREFIX / 'bin'}:/usr/bin:/bin", "HUB_PREFIX": str(PREFIX), "HUB_ROSTER": str(roster),
                "HUB_PORT": str(port), "HUB_STATE": str(root / "hub"), "HUB_AUTH": "dummy",
@@ -233,8 +320,9 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
                 page.locator("#submitted_assignments_list .list_item").first.wait_for(timeout=60_000)
                 step(f"{name}: fetch, edit ({work}), submit")
 
-            progress = as_account(INSTRUCTOR, "python", "-m", "engine.course.class_folder", "grade", "ch02",
-                                  "--course", course, "--jobs", "2", "--sandbox", "required", "--release")
+            status, progress = attempt(INSTRUCTOR, f"python -m engine.course.class_folder grade ch02 --course {course} "
+                                       "--jobs 2 --sandbox required --release")
+            assert status == 0, progress
             step("instructor: collect, autograde (sandbox), feedback, reports, release feedback")
 
             ada.reload()
@@ -252,12 +340,37 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
             for context in contexts.values():
                 assert not [url for url in context.refused if not url.startswith(mathjax)], context.refused
 
+        (root / "bare.py").write_text(BARE)
+        (root / "bare.py").chmod(0o644)
+        status, said = attempt(INSTRUCTOR, f"python {root / 'bare.py'}")
+        assert status == 0 and "limits: all in force" in said, said
+        bomb, hog = (line for line in said.splitlines() if line.startswith(("fork bomb", "memory hog")))
+        assert int(bomb.split("forks ")[1].split()[0]) < 64, bomb
+        assert "allocated" not in hog and any(word in hog for word in ("exit -9", "exit 137", "MemoryError")), hog
+        refusals["fork bomb in the bare sandbox, as the instructor"] = bomb
+        refusals["memory hog in the bare sandbox, as the instructor"] = hog
+        step("instructor: a fork bomb and a memory hog in the bare sandbox")
+
         auto = sum(cells.points(c) for c in expanded(CHAPTER).cells if cells.is_test(c) and not cells.is_manual(c))
         grades = Path(course) / "grades.csv"
         rows = {r["student_id"]: r for r in csv.DictReader(grades.open(newline=""))}
-        assert sorted(rows) == sorted(STUDENTS), rows
+        assert sorted(rows) == sorted([*STUDENTS, HOSTILE]), rows
+        assert "less than its limits" not in progress, progress           # the limits hold for the instructor
+        not_collected = [line for line in progress.splitlines() if line.startswith("not collected: ")]
+        assert len(not_collected) == 3, progress
+        for name, words in (("pkvtest-ada+ch02", f"claims to be pkvtest-ada's, but is owned by {HOSTILE}"),
+                            ("garbage", f"not a submission's name (STUDENT+CHAPTER+TIME), put there by {HOSTILE}"),
+                            ("+nosecret", "no submission_secret.txt")):
+            line = next(line for line in not_collected if name in line)
+            assert words in line, line
+            refusals[f"inbound/{name}"] = line
+        released = list((exchange / "paged-kv-course" / "feedback").glob("*.html"))
+        assert len(released) == len(STUDENTS) + 1, released       # everyone's feedback, eve's too
+        hostile_run = next(line for line in progress.splitlines() if line.startswith("[") and HOSTILE in line)
+        refusals["fork bomb and memory hog submitted, graded by the instructor"] = hostile_run
         scores = {name: float(rows[name]["score"]) for name in rows}
-        assert scores["pkvtest-ada"] == auto and scores["pkvtest-cy"] == 0, (scores, auto, progress)
+        assert scores["pkvtest-ada"] == auto and scores["pkvtest-cy"] == 0, (scores, auto, progress)  # not the forgery
+        assert scores[HOSTILE] < auto, scores
         assert 0 < scores["pkvtest-bob"] < auto, (scores, progress)
         assert "COPY" in rows["pkvtest-ada"]["flags"]        # the reference's code pasted in: flagged, kept
         assert "Notes from the grader" in text and "ch02_block_tables" in text
@@ -266,8 +379,10 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
         times["per submission (sealed runs, 2 at a time)"] = round(
             float(progress.split("sealed runs ")[1].split(" s")[0]) / len(STUDENTS), 1)
         print("\nhub e2e times (s):", json.dumps(times, indent=1), "\n" + "\n".join(sealed))
+        print("refused:", json.dumps(refusals, indent=1))
         BUILD.mkdir(parents=True, exist_ok=True)
-        (BUILD / "hub-e2e-times.json").write_text(json.dumps({"steps": times, "sealed runs": sealed}, indent=1))
+        (BUILD / "hub-e2e-times.json").write_text(json.dumps({"steps": times, "sealed runs": sealed,
+                                                              "refusals": refusals}, indent=1))
     except BaseException:
         print("\nhub e2e times (s) until it failed:", times)
         kept = BUILD / "hub-e2e-failed"            # the instructor's course folder, to see what went wrong
@@ -281,5 +396,9 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
                 hub.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(hub.pid, signal.SIGKILL)
-        accounts(roster, "--remove")
+        accounts(roster, "--remove", "--exchange", str(exchange), "--hub-state", str(root / "hub"))
+        left = [p for p in exchange.rglob("*")] if exchange.is_dir() else []
+        gone = not (root / "hub").exists() and not left and not any(
+            (Path("/home") / name).exists() for name in [INSTRUCTOR, *STUDENTS, HOSTILE])
         shutil.rmtree(root, ignore_errors=True)
+        assert gone, f"the teardown left {left} or the hub's state or a home"
