@@ -22,23 +22,28 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x / sqrt(mean(x^2) + eps) in float32, fused (transformers' Qwen3RMSNorm, step for step)
-        normed = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        if x.dtype == torch.float32 == self.weight.dtype:   # the weight in the fused call: the same numbers
+            return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        normed = torch.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [B, 1, T, D/2] of the rotary angles at positions [B, T]; every layer shares them."""
+    """cos and sin [B, 1, T, D] of the rotary angles at positions [B, T], each half-width row written
+    twice (dimension i and i + D/2 turn by the same angle); every layer shares them."""
     half = head_dim // 2
     inv_freq = 1.0 / theta ** (torch.arange(0, half, device=positions.device, dtype=torch.float32) / half)
     angles = positions.clamp(min=0).float()[:, None, :, None] * inv_freq          # [B, 1, T, D/2]
+    angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, H, T, D] by precomputed angles (the half-split convention)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x.float()[..., :half], x.float()[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    """Rotate x [B, H, T, D] by precomputed angles (the half-split convention): the pair (x1, x2) becomes
+    (x1 cos - x2 sin, x2 cos + x1 sin), computed whole-width as x cos + (-x2, x1) sin, in fewer ops."""
+    half, wide = x.shape[-1] // 2, x.float()
+    turned = torch.cat([-wide[..., half:], wide[..., :half]], dim=-1)
+    return (wide * cos + turned * sin).to(x.dtype)
 
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

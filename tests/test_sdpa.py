@@ -111,6 +111,6 @@ def test_a_decode_batch_of_very_different_lengths_runs_in_groups_and_matches_the
     positions = (kv_lens - 1)[:, None]
     q = torch.randn(len(lengths), 4, 1, dim, generator=generator)
     got = sdpa.paged_sdpa(q, k_pool, v_pool, tables, positions, kv_lens)
-    assert len(sdpa._paged_plans(tables, positions, kv_lens, block_size)) == 2     # short rows, long rows
+    assert len(sdpa._paged_plans(tables, positions, kv_lens, block_size, heads)) == 2    # short rows, long rows
     want = paged_attention_reference(q, k_pool, v_pool, tables, positions, kv_lens)
     assert (got - want).abs().max() < 1e-5

@@ -27,7 +27,7 @@ class ReadPlan(NamedTuple):
     length: int                   # keys read per row (the longest kv_len)
     mask: torch.Tensor | None     # [B, 1, T, length] bool, or None when no key must be hidden
     causal: bool                  # a whole prompt in order: the fused causal flag replaces the mask
-    blocks: torch.Tensor | None   # paged only: the physical blocks to gather, row by row, flattened
+    blocks: torch.Tensor | None   # paged only: the pool slabs to gather (see _rows_of_blocks), flattened
     rows: torch.Tensor | None = None  # paged decode groups only: which rows of the batch these are
 
 
@@ -90,7 +90,7 @@ def paged_sdpa(q, k_pool, v_pool, block_tables, q_positions, kv_lens) -> torch.T
     length (`length_groups`); each group reads as many blocks as its longest row and masks the rest
     by length, in one fused call, so no row pays for a much longer one.
     """
-    plans = _paged_plans(block_tables, q_positions, kv_lens, k_pool.shape[2])
+    plans = _paged_plans(block_tables, q_positions, kv_lens, k_pool.shape[2], k_pool.shape[1])
     if plans[0].rows is None:
         return _paged_group(q, k_pool, v_pool, plans[0])
     out = torch.empty_like(q)
@@ -101,9 +101,9 @@ def paged_sdpa(q, k_pool, v_pool, block_tables, q_positions, kv_lens) -> torch.T
 
 def _paged_group(q, k_pool, v_pool, plan: ReadPlan) -> torch.Tensor:
     """Gather one group's histories into scratch memory, then attend."""
-    staging, key_rows, value_rows = _scratch(3, plan.blocks.numel() * k_pool[0].numel(), k_pool)
-    keys = _rows_of_blocks(k_pool, plan, q.shape[0], staging, key_rows)
-    values = _rows_of_blocks(v_pool, plan, q.shape[0], staging, value_rows)
+    key_rows, value_rows = _scratch(2, plan.blocks.numel() * k_pool[0, 0].numel(), k_pool)
+    keys = _rows_of_blocks(k_pool, plan, q.shape[0], key_rows)
+    values = _rows_of_blocks(v_pool, plan, q.shape[0], value_rows)
     return _sdpa(q, keys, values, plan)
 
 
@@ -133,11 +133,11 @@ def length_groups(lengths: list[int], group_cost: int = GROUP_COST_KEYS, most: i
 _per_thread = threading.local()
 
 
-def _paged_plans(block_tables, q_positions, kv_lens, block_size: int) -> list[ReadPlan]:
+def _paged_plans(block_tables, q_positions, kv_lens, block_size: int, kv_heads: int) -> list[ReadPlan]:
     """The read plans of a paged forward, made once: later layers pass equal tables, positions and lengths
     (each layer's write returns a kv_lens tensor of its own, with the same values)."""
     key, plans = getattr(_per_thread, "plans", (None, None))
-    if key is not None and key[3] == block_size and all(
+    if key is not None and key[3] == (block_size, kv_heads) and all(
             old is new or torch.equal(old, new) for old, new in zip(key[:3], (block_tables, q_positions, kv_lens))):
         return plans
     decoding = q_positions.shape[0] > 1 and q_positions.shape[1] == 1 \
@@ -145,13 +145,14 @@ def _paged_plans(block_tables, q_positions, kv_lens, block_size: int) -> list[Re
     groups = length_groups(kv_lens.tolist()) if decoding else [None]
     if len(groups) == 1:
         groups = [None]
-    plans = [_group_plan(block_tables, q_positions, kv_lens, block_size, rows) for rows in groups]
-    _per_thread.plans = ((block_tables, q_positions, kv_lens, block_size), plans)
+    plans = [_group_plan(block_tables, q_positions, kv_lens, block_size, kv_heads, rows) for rows in groups]
+    _per_thread.plans = ((block_tables, q_positions, kv_lens, (block_size, kv_heads)), plans)
     return plans
 
 
-def _group_plan(block_tables, q_positions, kv_lens, block_size: int, rows: list[int] | None) -> ReadPlan:
-    """The read plan of some rows (None: all of them): their blocks, flattened, and their mask."""
+def _group_plan(block_tables, q_positions, kv_lens, block_size: int, kv_heads: int,
+                rows: list[int] | None) -> ReadPlan:
+    """The read plan of some rows (None: all of them): their blocks' slabs, KV head by KV head, and their mask."""
     index = None
     if rows is not None:
         index = torch.tensor(rows, device=q_positions.device)
@@ -160,21 +161,22 @@ def _group_plan(block_tables, q_positions, kv_lens, block_size: int, rows: list[
     count = ceil_div(longest, block_size)
     # Table entries past a row's blocks are padding: read block 0 there, masked by kv_lens anyway.
     used = torch.arange(count, device=q_positions.device)[None, :] * block_size < kv_lens[:, None]
-    blocks = torch.where(used, block_tables[:, :count].long(), 0).flatten()
-    return read_plan(q_positions, kv_lens, longest, blocks)._replace(rows=index)
+    blocks = torch.where(used, block_tables[:, :count].long(), 0)
+    heads = torch.arange(kv_heads, device=blocks.device)[:, None, None]
+    slabs = (blocks * kv_heads + heads).flatten()      # [Hkv, B, count]: see _rows_of_blocks
+    return read_plan(q_positions, kv_lens, longest, slabs)._replace(rows=index)
 
 
-def _rows_of_blocks(pool: torch.Tensor, plan: ReadPlan, batch: int, staging: torch.Tensor,
-                    rows: torch.Tensor) -> torch.Tensor:
+def _rows_of_blocks(pool: torch.Tensor, plan: ReadPlan, batch: int, rows: torch.Tensor) -> torch.Tensor:
     """Each row's history [B, Hkv, length, D] (key j = position j) from a pool [N, Hkv, bs, D].
 
-    The blocks land in `staging` in table order, then move to `rows` head by head; both are scratch.
+    The pool is read as slabs [bs, D] (block n's KV head h is slab n * Hkv + h), gathered KV head by KV
+    head into the scratch `rows` in one copy: [Hkv, B, blocks * bs, D] there is the history, as a view.
     """
     _, heads, block_size, dim = pool.shape
-    blocks = torch.index_select(pool, 0, plan.blocks, out=staging.view(-1, heads, block_size, dim))
-    history = rows.view(batch, heads, -1, block_size, dim)
-    history.copy_(blocks.view(batch, -1, heads, block_size, dim).transpose(1, 2))
-    return history.view(batch, heads, -1, dim)[:, :, :plan.length]
+    slabs = pool.reshape(-1, block_size, dim)     # a view of the pool as allocated (contiguous)
+    history = torch.index_select(slabs, 0, plan.blocks, out=rows.view(-1, block_size, dim))
+    return history.view(heads, batch, -1, dim).transpose(0, 1)[:, :, :plan.length]
 
 
 def _scratch(parts: int, numel: int, like: torch.Tensor) -> list[torch.Tensor]:

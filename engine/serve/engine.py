@@ -10,6 +10,7 @@ A request for `n` samples is one sequence until its prompt is prefilled, then fo
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -41,10 +42,15 @@ class ModelRunner:
         """Run `model` through `cache` (any protocol cache)."""
         self.model, self.cache = model, cache
 
+    @functools.cached_property
+    def device(self) -> torch.device:
+        """The model's device, found once: walking its parameters cost ~0.1 ms a step."""
+        return model_device(self.model)
+
     def forward(self, seq_ids: list[int], rows: list[list[int]], starts: list[int]) -> torch.Tensor:
         """Append rows[b] to sequence seq_ids[b] at positions starts[b]...; logits [B, vocab]."""
         self.cache.set_batch(seq_ids)
-        token_ids, positions, last = self.inputs(rows, starts, model_device(self.model))
+        token_ids, positions, last = self.inputs(rows, starts, self.device)
         return self.model(token_ids, positions, self.cache, only=last)
 
     @staticmethod
