@@ -62,12 +62,13 @@ REBINDING = {   # each would change what a helper the host runs does
 
 
 @pytest.mark.parametrize("case", sorted(REBINDING))
-def test_a_cell_that_writes_into_the_checks_or_a_module_is_refused(case):
+def test_a_cell_that_writes_into_the_hosts_modules_is_not_refused_by_its_text(case):
+    """The host's modules are the learner's (README: the learner owns the host): what the helpers run
+    there is put back before each call (above), and the judge's own checks and torch are never the host's."""
     book = decide.Notebook(PLAN.graded(), set(PLAN.graded_by_cell()), set(), set())
     book.chapter_cell(SETUP)
     book.add("cell9", REBINDING[case])
-    reasons = book.reasons(["PagedKVCache"])
-    assert any("cell9" in why and "graded notebooks may not" in why for why in reasons), (case, reasons)
+    assert [why for why in book.reasons(["PagedKVCache"]) if "cell9" in why] == [], case
 
 
 def test_a_cell_writing_into_its_own_objects_is_not_refused():

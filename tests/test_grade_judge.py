@@ -182,14 +182,77 @@ def test_a_method_called_in_a_loop_costs_one_request_per_call(pair):
         objects["cache"], torch.Generator().manual_seed(1))
 
 
-def test_callmethod_calls_only_the_function_sent_as_that_name_of_that_object(pair):
+def test_callmethod_calls_only_what_was_read_as_that_name(pair):
     judge, _, objects = pair
     cache = judge.request("lookup", None)["cache"]
-    cache.write(torch.zeros(2))                      # the host sent write's function, as cache.write
-    write = judge.methods[cache._id]["write"]
-    with pytest.raises(Exception, match="function of the object's class only"):
-        judge.request("callmethod", cache, "draw", write, torch.zeros(2))   # write's function, named draw
+    with pytest.raises(Exception, match="read by its name first"):      # draw was never read
+        judge.request("callmethod", cache, "draw", torch.Generator().manual_seed(1))
     assert cache.draw(torch.Generator().manual_seed(1)) == objects["cache"].draw(torch.Generator().manual_seed(1))
+
+
+def test_a_method_of_a_judges_object_crosses_as_the_object_and_its_name():
+    """The host gets no handle to the function behind a judge's method: it asks for the method by name
+    on the object, and the judge calls what it read as that name."""
+    from engine.cache.allocator import BlockAllocator
+    judge_end, host_end = socket.socketpair()
+    judge = Channel(judge_end, "T")
+    judge.guard, judge.screen = guard, _engine_object
+    allocator = BlockAllocator(4)
+    sent = judge.encode(judge.perform("getattr", allocator, ["allocate"], {}))
+    assert sent["~"] == "method" and set(sent) == {"~", "owner", "id", "name", "cached"}
+    free = allocator.num_free
+    judge.perform("callmethod", allocator, ["allocate", 1], {})      # what it read as allocate, on allocator
+    assert allocator.num_free == free - 1
+    judge_end.close()
+    host_end.close()
+
+
+def test_the_judge_refuses_to_run_a_body_the_hosts_engine_stubs_and_says_not_written_yet():
+    from engine.cache.allocator import BlockAllocator
+    from engine.course.sealed import judge as judge_module
+    judge_end, host_end = socket.socketpair()
+    judge = Channel(judge_end, "T")
+    judge.guard, judge.screen, judge.call_guard = guard, _engine_object, judge_module.refuse_taught
+    judge.unwritten = judge_module._unwritten(set(), [])
+    allocator = BlockAllocator(4)
+    judge.encode(judge.perform("getattr", allocator, ["allocate"], {}))
+    judge_module.STUBBED.add(("engine.cache.allocator", "BlockAllocator.allocate"))
+    try:
+        free = allocator.num_free
+        with pytest.raises(NotImplementedError, match="does not run its own BlockAllocator.allocate"):
+            judge.perform("callmethod", allocator, ["allocate", 1], {})
+        assert allocator.num_free == free
+        with pytest.raises(NotImplementedError):          # nor is a handle to it ever handed out
+            judge.encode(allocator.allocate)
+        with pytest.raises(NotImplementedError):          # nor called through one
+            judge.perform("call", allocator.allocate, [1], {})
+        echoed = judge.decode(judge.encode(RuntimeError("x")) | {"c": ["engine._edition", "NotWrittenYet"],
+                              "mro": [["engine._edition", "NotWrittenYet"], ["builtins", "NotImplementedError"]],
+                              "attrs": {"qualname": "BlockAllocator.allocate"}})
+        assert echoed._course_edition is True             # the judge refused it itself this test
+        judge_module.REFUSED.clear()
+        forged = judge.decode(judge.encode(RuntimeError("x")) | {"c": ["engine._edition", "NotWrittenYet"],
+                              "mro": [["engine._edition", "NotWrittenYet"], ["builtins", "NotImplementedError"]],
+                              "attrs": {"qualname": "BlockAllocator.allocate"}})
+        assert isinstance(forged, NotImplementedError) and forged._course_edition is False
+    finally:
+        judge_module.STUBBED.clear()
+        judge_module.REFUSED.clear()
+        judge_end.close()
+        host_end.close()
+
+
+def test_not_written_yet_is_read_from_the_learners_text():
+    from engine.course.sealed.judge import _unwritten, defined_in_text
+    cells = ["class MyCache(PagedKVCache):\n    def swap_out(self, seq):\n        return 0\n"
+             "    def swap_in(self, seq):\n        \"\"\"Bring it back.\"\"\"\n        raise NotImplementedError()\n",
+             "def admit(x): pass\n"]
+    assert defined_in_text("PagedKVCache.swap_out", cells) and defined_in_text("admit", cells)
+    assert not defined_in_text("PagedKVCache.swap_in", cells) and not defined_in_text("swap_out", cells[1:])
+    assert defined_in_text("f", ["def f():\n    raise NotWrittenYet('f', 'f')\n"])   # raising something else
+    unwritten = _unwritten({"PagedKVCache.swap_out", "PagedKVCache.swap_in"}, cells)
+    assert unwritten("PagedKVCache.swap_in") and not unwritten("PagedKVCache.swap_out")
+    assert not unwritten("Scheduler.admit")          # not taught in this chapter: never skipped
 
 
 def test_callmethod_is_guarded_as_the_attribute_it_reads():
@@ -225,3 +288,23 @@ def test_each_notebook_gets_a_fresh_fork_of_the_warm_judge(tmp_path):
             seen.append(kernel.process)
         assert kernel.process is None and seen[-1].poll() is not None
     assert seen[0].pid != seen[1].pid
+
+
+def test_every_binder_of_a_cell_counts_as_a_name_it_binds():
+    """A chapter cell's `for b, w, e in ...` binds b, w and e (honest ch02 was flagged 'put back: b')."""
+    from engine.course.sealed.host import _names_bound
+    source = ("for b, w, e in rows:\n    y = 1\nwith open(f) as fh:\n    pass\ntry:\n    pass\nexcept E as err:\n"
+              "    pass\nif (n := 3):\n    import a.b as c, d.e\ndef f(q=(z := 1)):\n    inner = 2\nclass K:\n"
+              "    attr = 1\n[i for i in r]\nq[0] = 1\nobj.attr = 2\n")
+    assert _names_bound(source) == {"b", "w", "e", "y", "fh", "err", "n", "c", "d", "f", "z", "K"}
+
+
+def test_a_scratch_cell_is_named_as_the_learner_sees_it():
+    import nbformat
+
+    from engine.course.grade import cell_names
+    notebook = [nbformat.v4.new_markdown_cell("## 3.2 Reserve room\ntext"), nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_code_cell("\nprint(dir(engine))  # look around"),
+                nbformat.v4.new_markdown_cell("plain")]
+    names = cell_names(notebook)
+    assert names[id(notebook[2])] == "the 2nd code cell under '3.2 Reserve room' (print(dir(engine))  # look around)"

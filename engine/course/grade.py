@@ -9,6 +9,7 @@ kernel is interrupted or restarted, the cells that had run cleanly are replayed,
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -172,19 +173,21 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
     environ = env if env is not None else offline_cpu_environ({"COURSE_EXPLORERS": "static", "MPLBACKEND": "Agg"})
     from .sealed.judge import needed_cells
     worker_plan = dict(plan.for_worker(), judge_cells=sorted(needed_cells(
-        [(cell_kind(c), cells.grade_id(c), c.source) for c in to_run if c.cell_type == "code"])))
+        [(cell_kind(c), cells.grade_id(c), c.source) for c in to_run if c.cell_type == "code"])),
+        stubbed=stubbed_in_host(chapter_path))
     from .edition import host_engine
     home = host_engine(chapter_path)
+    names = cell_names(to_run)
     with SealedKernel(worker_plan, cwd=cwd, env=environ, wrap=wrap, host_home=home and str(home)) as kernel:
         for index, cell in enumerate(to_run):
             if cell.cell_type != "code":
                 continue
             kind = cell_kind(cell)
-            run = kernel.run_cell(cell.source, kind, cells.grade_id(cell), timeout)
+            run = kernel.run_cell(cell.source, kind, names[id(cell)], timeout)
             cell.outputs = run.outputs
             _flag(flags, cell, run)
             if not run.usable:
-                _restart(kernel, ran_cleanly, timeout)
+                _restart(kernel, ran_cleanly, timeout, names)
             if run.status == "ok" and kind != "test":
                 ran_cleanly.append(cell)
             if cells.is_solution(cell):
@@ -198,7 +201,7 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
                 cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=AGAIN)] + run.outputs
                 _flag(flags, cell, run)
                 if not run.usable:
-                    _restart(kernel, ran_cleanly, timeout)
+                    _restart(kernel, ran_cleanly, timeout, names)
         if kernel.refused:
             flags.append("refused: " + ", ".join(sorted(set(kernel.refused))))
         if kernel.tampered_channel:
@@ -210,6 +213,28 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
     if probing:
         flags.append("uses " + ", ".join(probing))
     return SealedRun(to_run, failed_above, flags, changes)
+
+
+def stubbed_in_host(chapter_path: Path) -> list[list[str]]:
+    """[module, qualname] of every body the host's engine stubs for this chapter (edition.host_engine:
+    the taught code of this chapter and of every later one): the judge runs none of them for the host."""
+    root = repo_root()
+    if not (root / "solutions").is_dir():
+        return []                     # a student edition: the judge's own engine holds the stubs
+    stamps = tuple((str(p), p.stat().st_mtime_ns) for p in chapter_files(root / "solutions"))
+    return [list(k) for k in _stubbed(str(Path(chapter_path).resolve()), stamps)]
+
+
+@functools.lru_cache(maxsize=64)
+def _stubbed(chapter_path: str, stamps: tuple) -> tuple:
+    from .include import taught
+    from .paths import assignment_id
+    every = {assignment_id(Path(p)): Path(p) for p, _ in stamps}
+    chapter = assignment_id(Path(chapter_path))
+    every.setdefault(chapter, Path(chapter_path))
+    return tuple(sorted({(engine_file.removesuffix(".py").replace("/", "."), qualname)
+                         for chapter_id, path in every.items() if chapter_id >= chapter
+                         for engine_file, qualname in taught(path)}))
 
 
 AGAIN = "(run again after the last cell, with every exercise of the chapter written)\n"
@@ -231,11 +256,35 @@ def _flag(flags: list[str], cell, run) -> None:
                      + "; ".join(verdict["copied"][:3]))
 
 
-def _restart(kernel, ran_cleanly: list, timeout: float) -> None:
+def _restart(kernel, ran_cleanly: list, timeout: float, names: dict) -> None:
     """A fresh host and judge, with the cells that ran cleanly run again (later cells need them)."""
     kernel.restart()
     for earlier in ran_cleanly:
-        kernel.run_cell(earlier.source, cell_kind(earlier), cells.grade_id(earlier), timeout)
+        kernel.run_cell(earlier.source, cell_kind(earlier), names[id(earlier)], timeout)
+
+
+def cell_names(notebook_cells: list) -> dict:
+    """{id(cell): its name in the grader's messages}: a graded cell's id, else the cell as the learner sees
+    it, by the heading above it, its place under that heading and its first line ("the 2nd code cell under
+    '3.2 Reserve' (x = cache.tables)")."""
+    names, heading, count = {}, "the notebook's start", 0
+    for cell in notebook_cells:
+        if cell.cell_type == "markdown":
+            title = next((line.lstrip("#").strip() for line in cell.source.splitlines() if line.startswith("#")), "")
+            if title:
+                heading, count = f"'{title[:48]}'", 0
+            continue
+        if cell.cell_type != "code":
+            continue
+        count += 1
+        first = next((line.strip() for line in cell.source.splitlines() if line.strip()), "empty")
+        names[id(cell)] = cells.grade_id(cell) or (
+            f"the {_ordinal(count)} code cell under {heading} ({first[:40]}{'...' if len(first) > 40 else ''})")
+    return names
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def read_learner(notebook_path: Path) -> tuple[nbformat.NotebookNode, list[str]]:

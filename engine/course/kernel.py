@@ -190,7 +190,7 @@ class SealedKernel:
         os.close(command_read)
         os.close(result_write)
         self.commands = os.fdopen(command_write, "w", encoding="utf-8")
-        self.results_fd, self.buffer, self.seq = result_read, b"", 0
+        self.results_fd, self.buffer, self.scanned, self.seq = result_read, bytearray(), 0, 0
         import json
         self._send(json.dumps(dict(self.plan, key=self.key.hex(), kernel_argv=self._kernel_command())))
         ready = self._receive(0, time.monotonic() + self.startup_timeout)
@@ -282,8 +282,10 @@ class SealedKernel:
         import os
         import select
         while True:
-            while b"\n" in self.buffer:
-                line, self.buffer = self.buffer.split(b"\n", 1)
+            while (end := self.buffer.find(b"\n", self.scanned)) >= 0:
+                line = bytes(self.buffer[:end])
+                del self.buffer[:end + 1]
+                self.scanned = 0
                 body, _, signature = line.decode("utf-8", "replace").rpartition("\t")
                 expected = hmac.new(self.key, body.encode(), hashlib.sha256).hexdigest()
                 if not hmac.compare_digest(signature, expected):
@@ -295,6 +297,7 @@ class SealedKernel:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
+            self.scanned = len(self.buffer)       # no line ends before here: only new bytes are searched
             ready, _, _ = select.select([self.results_fd], [], [], min(remaining, 0.5))
             if ready:
                 chunk = os.read(self.results_fd, 1 << 20)

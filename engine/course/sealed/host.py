@@ -182,30 +182,46 @@ def _error_output(exc: BaseException) -> dict:
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
     except BaseException as broken:  # an exception whose __str__ misbehaves
         ename, evalue, lines = type(exc).__name__, f"(its message could not be shown: {type(broken).__name__})", []
-    return {"output_type": "error", "ename": str.__str__(ename), "evalue": str.__str__(evalue),
-            "traceback": [str.__str__(line) for line in lines][-12:]}
+    return {"output_type": "error", "ename": str.__str__(ename)[:200], "evalue": _cut(str.__str__(evalue)),
+            "traceback": [_cut(str.__str__(line), MAX_LINE_CHARS) for line in lines][-12:]}
+
+
+MAX_LINE_CHARS = 4_000           # a traceback line (it quotes values)
+
+
+def _cut(text: str, limit: int = MAX_STREAM_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit:,} more characters cut]"
 
 
 def _names_bound(source: str) -> set[str]:
-    """Top-level names a cell binds (assignments, imports, defs, classes)."""
+    """The names a cell binds in the notebook's namespace: assignments (of every kind: `for` and `with`
+    targets, `except ... as`, `:=`, `del`), imports, defs and classes, inside `if`, `for`, `while`,
+    `with` and `try` too; not what a def, class, lambda or comprehension binds for itself."""
     import ast
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         return set()
-    names = set()
-    for node in tree.body:
+    names: set[str] = set()
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                names.add((alias.asname or alias.name).split(".")[0])
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                for sub in ast.walk(target):
-                    if isinstance(sub, ast.Name):
-                        names.add(sub.id)
+            todo += node.decorator_list      # what a def's decorators and defaults bind is the cell's
+            if not isinstance(node, ast.ClassDef):
+                todo += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
+            continue
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        todo += list(ast.iter_child_nodes(node))
     return names
 
 
@@ -352,7 +368,7 @@ class Host:
                 sys.modules["matplotlib.pyplot"].close("all")
             except Exception:
                 pass
-        if kind == "trusted" and status == "ok":
+        if kind == "trusted":     # what the chapter's cell bound, even one that stopped part way, is the chapter's
             self.trusted_bindings.update((b, self.namespace[b]) for b in _names_bound(source) if b in self.namespace)
         return {"status": status, "outputs": outputs, "refused": self.events()}
 

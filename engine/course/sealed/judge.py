@@ -14,6 +14,7 @@ wall-clock backstop counted only while the judge waits for the host (Budget).
 """
 from __future__ import annotations
 
+import ast
 import builtins
 import enum
 import hashlib
@@ -35,7 +36,7 @@ from engine.course.sealed.host import (TRUSTED_PREFIX, _Capture, _error_output, 
                                 _stream_outputs, named)
 from engine.course.sealed import decide, kernels, likeness
 from engine.course.sealed.kernelbox import KernelBox, sandboxed_kernel
-from engine.course.sealed.remote import Channel, RemoteGone, TooSlow
+from engine.course.sealed.remote import Channel, RemoteGone, TaughtBodyRefused, TooLarge, TooSlow
 
 _SHAREABLE_MODULES = ("engine.",)      # the judge hands the host references only to objects of these
 _HARMLESS = (itertools.count, random.Random, torch.Generator)   # ... and to these, which reach nothing
@@ -76,10 +77,58 @@ def guard(op: str, target, args: list) -> None:
         if not isinstance(name, str) or (name.startswith("_") and not (op == "getattr" and name in _PLAIN_DUNDERS)):
             raise PermissionError(f"the grader's objects do not show {name!r} to graded code")
         declared = inspect.getattr_static(type(target), name, None)
+        if op == "getattr" and isinstance(declared, property):
+            refuse_taught(declared.fget)
         if op != "getattr" and (callable(declared) or hasattr(declared, "__get__")) and not isinstance(
                 declared, (int, float, str, enum.Enum)):
             raise PermissionError(f"graded code may not replace {type(target).__name__}.{name} of the grader's "
                                   "objects")
+
+
+STUBBED: set = set()          # (module, qualname) of every body the host's engine stubs (set per judge)
+REFUSED: set = set()          # the qualnames of those the host asked the judge to run, this test
+
+
+def refuse_taught(function) -> None:
+    """Refuse to run, for the host, an engine body its own engine copy stubs (this chapter's taught
+    code and later chapters'): a request for it raises TaughtBodyRefused, a NotImplementedError that
+    the checks read as "not written yet" (the judge knows it refused it: `_unwritten`)."""
+    inner = getattr(function, "__func__", function)
+    key = (getattr(inner, "__module__", None), getattr(inner, "__qualname__", None))
+    if key in STUBBED:
+        REFUSED.add(key[1])
+        raise TaughtBodyRefused(f"{key[1]} is taught in this course: the grader does not run its own {key[1]} for "
+                                "your code (write yours, on your own class)", key[1])
+
+
+def defined_in_text(qualname: str, sources: list[str]) -> bool:
+    """Whether a learner cell's text defines `qualname` with def: a function of that name, or, for
+    Class.method, a def of that method in any class the cells write; a def whose body is the release's
+    `raise NotImplementedError()` (a docstring before it) is not written yet."""
+    owner, _, method = qualname.rpartition(".")
+    for source in sources:
+        tree = decide.parse(source)
+        for node in ast.walk(tree) if tree is not None else ():
+            body = node.body if owner and isinstance(node, ast.ClassDef) else [node] if not owner else []
+            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method
+                   and not _unwritten_body(n) for n in body):
+                return True
+    return False
+
+
+def _unwritten_body(definition) -> bool:
+    body = [s for s in definition.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) and not body[0].exc.args else body[0].exc
+    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
+
+
+def _unwritten(taught: set, sources: list[str]):
+    """The judge's own answer to "is `qualname` not written yet?" (for the checks' `served`): a body it
+    refused to run for the host during this test, or one of this chapter's taught names that no learner
+    cell defines. What the host says of an exception it raised is never asked."""
+    return lambda qualname: qualname in REFUSED or (qualname in taught and not defined_in_text(qualname, sources))
 
 
 def _edition_notebook() -> dict | None:
@@ -147,6 +196,10 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
     channel = Channel(socket.socket(fileno=host_fd), "T")
     channel.guard = guard
     channel.screen = _engine_object
+    channel.call_guard = refuse_taught
+    STUBBED.update(tuple(k) for k in plan.pop("stubbed", []) if isinstance(k, list) and len(k) == 2)
+    learner_cells: list[str] = []        # every learner cell's text, in order: what "written" is read from
+    channel.unwritten = _unwritten({qualname for _, qualname in plan.get("references", [])}, learner_cells)
     try:
         channel.send_plan(dict(plan, key=None))
     except RemoteGone:
@@ -172,6 +225,7 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
         job = json.loads(line)
         source, kind, name = job["source"], job["kind"], job.get("name") or f"cell{seq}"
         if kind == "learner":
+            learner_cells.append(source)
             graded.update(graded_by_cell.get(name, {}))
             sources.update((bound, source) for bound in _names_bound(source))
             notebook.add(name, source)
@@ -193,6 +247,8 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
                 _shadow_run(shadow, source, name)
         except TooSlow:
             message = {"status": "stuck", "outputs": [budget.exceeded()], "verdict": {}, "refused": []}
+        except TooLarge as bound:     # past a bound: this test earns nothing, both processes start again
+            message = {"status": "stuck", "outputs": [_error_output(bound)], "verdict": {}, "refused": []}
         except RemoteGone as gone:
             message = {"status": "dead", "outputs": [_error_output(gone)], "verdict": {}, "refused": []}
         channel.allowance = None
@@ -234,12 +290,13 @@ def _run(channel: Channel, namespace: dict, mine: dict, graded: dict, source: st
     cells' text, why the test must not count; what the host reports is only shown."""
     if kind != "test":
         result = _checked(channel.request("cell", None, source, kind, name, budget.cpu), CELL_REPLY)
-        if kind == "trusted" and run_here:      # its names are the chapter's: never asked of the host
-            mine.setdefault(_CHAPTER_NAMES, set()).update(_names_bound(source))
+        if kind == "trusted" and run_here:      # the modules it imports are the judge's: never the host's
+            mine.setdefault(_CHAPTER_NAMES, set()).update(_imported(source))
             if _run_here(channel, namespace, mine, graded, source, name, built, quiet=True)[0] == "ok":
                 mine.update((n, namespace[n]) for n in _names_bound(source) if n in namespace)
         return {"status": result["status"], "outputs": result["outputs"], "verdict": {},
                 "refused": result.get("refused", [])}
+    REFUSED.clear()
     begin = _checked(channel.request("begin_test", None, source, sorted(_names_read(source) & set(graded)),
                                      budget.cpu), BEGIN_REPLY)
     status, outputs = _run_here(channel, namespace, mine, graded, source, name, built, quiet=False)
@@ -290,7 +347,14 @@ def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, sourc
     return status, _stream_outputs(out, err) + ([error] if error else [])
 
 
-_CHAPTER_NAMES = "__chapter_names__"   # in `mine`: every name the chapter's cells the judge ran bind
+_CHAPTER_NAMES = "__chapter_names__"   # in `mine`: the names the chapter's cells the judge ran import
+
+
+def _imported(source: str) -> set[str]:
+    """The names a chapter cell binds by import (the checks' module, torch, the engine's modules)."""
+    tree = decide.parse(source)
+    return {(a.asname or a.name).split(".")[0] for node in (ast.walk(tree) if tree is not None else ())
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
 
 
 class ReplyRefused(Exception):
@@ -395,7 +459,11 @@ def _checked(reply, schema: dict) -> dict:
         return kind is not list or all(isinstance(item, str) for item in value)
     if isinstance(reply, dict) and all(fine(k, t, reply.get(k)) for k, t in schema.items()) and (
             "status" not in schema or reply["status"] in ("ok", "error", "interrupted")):
-        return {k: reply[k] for k in schema}
+        checked = {k: reply[k] for k in schema}
+        if "outputs" in checked:
+            checked["outputs"] = _bounded(checked["outputs"])
+        return {k: [n[:500] for n in v[:MAX_NOTES]] if isinstance(v, list) and k != "outputs" else v
+                for k, v in checked.items()}
     broken = {k: ([] if t is list else "error") for k, t in schema.items()}
     if "outputs" in broken:
         broken["outputs"] = [{"output_type": "error", "ename": "GradingRefused", "evalue": MALFORMED,
@@ -404,6 +472,23 @@ def _checked(reply, schema: dict) -> dict:
 
 
 MALFORMED = "the notebook's process sent the grader a malformed reply: this cell does not count"
+MAX_OUTPUT_CHARS = 200_000       # a cell's outputs, all together, as the host sent them
+MAX_NOTES = 50                   # entries of a list the host reports (refusals, notes)
+
+
+def _bounded(outputs: list) -> list:
+    """A cell's outputs up to MAX_OUTPUT_CHARS in all (the host's own bound is per stream); what is past
+    it is cut, saying so."""
+    kept, used = [], 0
+    for output in outputs:
+        size = len(json.dumps(output))
+        if used + size > MAX_OUTPUT_CHARS:
+            kept.append({"output_type": "stream", "name": "stderr", "text": f"[the cell's outputs past "
+                         f"{MAX_OUTPUT_CHARS:,} characters were cut: {len(outputs) - len(kept)} more outputs]\n"})
+            break
+        kept.append(output)
+        used += size
+    return kept
 
 
 def _shadow_run(shadow: dict, source: str, name: str) -> None:

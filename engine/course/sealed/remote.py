@@ -29,7 +29,8 @@ import types
 import torch
 
 _HEADER = struct.Struct("!Q")
-MAX_FRAME = 1 << 28          # a frame larger than this is refused (a flood, not a value)
+MAX_FRAME = 1 << 26          # a message larger than this is refused (a flood, not a value)
+MAX_ELEMENTS = 1_000_000     # ... and one holding more values than this, all its containers together
 _HELD_BY_REGISTRY = 3        # the registry's entry, the loop's name, getrefcount's argument
 MAX_DEPTH = 60               # containers nested deeper than this are refused
 
@@ -41,6 +42,11 @@ class RemoteGone(ConnectionError):
 class TooSlow(RemoteGone):
     """The other process took longer than its allowance (wall clock, the waiting side's own work not
     counted) to answer: it is stuck or asleep, and the channel cannot be trusted to be in step again."""
+
+
+class TooLarge(RemoteGone):
+    """The other process sent a message past a bound (bytes or values): the test it answered earns
+    nothing, and both processes start again."""
 
 
 class RemoteError(Exception):
@@ -100,16 +106,19 @@ class Channel:
         self.other = "T" if side == "L" else "L"
         self.objects: dict[int, object] = {}     # id -> object the other side holds a Remote for
         self.remotes: dict[int, Remote] = {}      # the other side's id -> our Remote (one per object)
-        self.methods: dict[int, dict] = {}        # the other side's id -> {name: its class's function, a Remote}
-        self.handed: dict[int, dict] = {}         # our object's id -> {name: the class's function we sent for it}
+        self.methods: dict[int, set] = {}         # the other side's id -> names of its class's methods read
+        self.handed: dict[int, dict] = {}         # our object's id -> {name: the class's function read as it}
         self.serve = serve                        # optional hook: serve(request) -> handled reply or None
         self.guard = None                         # optional: guard(op, target, args) may raise to refuse
         self.screen = None                        # optional: screen(value) -> False: not handed out
+        self.unwritten = lambda qualname: False   # whether this side knows `qualname` is not written yet
+        self.call_guard = None                    # optional: call_guard(callable) may raise to refuse the call
         self.lock = threading.RLock()
         self.next_call = 0
         self.received: list = []                  # (tensor or generator read by attribute, its state, where)
         self.allowance: float | None = None       # seconds the other side may still take to answer, or None
         self.broken = False                       # out of step since an answer came too late
+        self.elements_left = MAX_ELEMENTS         # values the message being read may still hold
 
     # ------------------------------------------------------------------------------------- encoding
     def encode(self, value, tensors: list | None = None, depth: int = 0):
@@ -129,15 +138,12 @@ class Channel:
             return {"~": "ref", "owner": self.other, "id": value._id}
         if kind is _Live:                 # an attribute's list or dict: its owner was handed out already
             return self._encode_ref(value.value, screened=False)
-        if kind is _Method:               # a method of an object the other side holds: the object and a name
-            self.handed.setdefault(id(value.target), {})[value.name] = value.function
+        if kind is _Method:               # a method of an object the other side holds: the object and a name,
+            self.handed.setdefault(id(value.target), {})[value.name] = value.function   # never the function
             return {"~": "method", "owner": self.side, "id": id(value.target), "name": value.name,
-                    "func": self._encode_ref(value.function)}
-        if kind is _RemoteMethod:         # sent on as an argument: the other side's bound method itself
-            value = value._bound()
-            if isinstance(value, Remote) and value._channel is self:
-                return {"~": "ref", "owner": self.other, "id": value._id}
-            return self.encode(value, tensors, depth + 1)
+                    "cached": value.cached}
+        if kind is _RemoteMethod and value._owner._channel is self:   # sent back: the owner's own handed method
+            return {"~": "handed", "id": value._owner._id, "name": value._name}
         if isinstance(value, (type, types.FunctionType)) and self.side == "T" and _trusted_module(
                 getattr(value, "__module__", "") or "") and _resolve(*_name_of(value), any_kind=True) is value:
             return {"~": "class", "c": _name_of(value)}    # the host's own copy of the engine's class
@@ -176,6 +182,8 @@ class Channel:
         return self._encode_ref(value)
 
     def _encode_ref(self, value, screened: bool = True) -> dict:
+        if isinstance(value, _CALLABLES) and self.call_guard is not None:
+            self.call_guard(value)        # never a handle to a body the guard would refuse to run
         if screened and self.screen is not None and not self.screen(value):
             raise PermissionError(f"the grader does not hand graded code a {type(value).__name__} "
                                   "(only data and the engine's own objects)")
@@ -230,8 +238,16 @@ class Channel:
             return data
         if isinstance(data, list):        # plain JSON arrays only appear inside tagged values
             raise ValueError("an untagged list on the channel")
+        if not isinstance(data, dict):
+            raise ValueError(f"a {type(data).__name__} where a tagged value belongs")
         tag = data.get("~")
         value = data.get("v")
+        if isinstance(value, list):
+            self.elements_left -= len(value)
+            if self.elements_left < 0:
+                self.broken = True
+                raise TooLarge(f"the notebook's process sent the grader more than {MAX_ELEMENTS:,} values in "
+                               "one answer (the grader's bound)")
         if tag in ("list", "tuple", "set", "frozenset"):
             items = [self.decode(v, tensors, depth + 1) for v in value]
             return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
@@ -252,11 +268,14 @@ class Channel:
             owner = self.remotes.get(data.get("id")) if data.get("owner") == self.other else None
             if owner is None or not isinstance(data.get("name"), str):
                 raise ValueError("a method of an object this side holds no reference to")
-            function = self.decode(data.get("func"))
-            if type(function) is not Remote:
-                raise ValueError("a method whose function is not the other side's")
-            self.methods.setdefault(owner._id, {})[data["name"]] = function
-            return _RemoteMethod(owner, data["name"], function)
+            if data.get("cached") is True:
+                self.methods.setdefault(owner._id, set()).add(data["name"])
+            return _RemoteMethod(owner, data["name"])
+        if tag == "handed":
+            function = self.handed.get(data.get("id"), {}).get(data.get("name"))
+            if function is None:
+                raise ValueError("a method this side never handed out")
+            return function
         if tag == "tensor":
             return self._decode_tensor(data, tensors)
         if tag == "class" and self.side == "L":
@@ -353,7 +372,10 @@ class Channel:
             except Exception:
                 pass
         error._course_where = data.get("where")
-        error._course_edition = ["engine._edition", "NotWrittenYet"] in data.get("mro", [])
+        # "not written yet" is this side's own knowledge of the qualname named, never the sender's word
+        qualname = getattr(error, "qualname", None)
+        error._course_edition = isinstance(error, NotImplementedError) and isinstance(qualname, str) and \
+            self.unwritten(qualname) is True
         error._course_calls_itself = ["engine._edition", "CallsItself"] in data.get("mro", [])
         return error
 
@@ -369,10 +391,17 @@ class Channel:
         header = self._read_exactly(_HEADER.size)
         (size,) = _HEADER.unpack(header)
         if size > MAX_FRAME:
-            raise RemoteGone(f"the other process sent a frame of {size} bytes (at most {MAX_FRAME})")
-        message = json.loads(self._read_exactly(size))
+            self.broken = True
+            raise TooLarge(f"the notebook's process sent the grader a message of {size:,} bytes (the grader's "
+                           f"bound is {MAX_FRAME:,})")
+        try:
+            message = json.loads(self._read_exactly(size))
+        except (ValueError, RecursionError):
+            message = None
         if not isinstance(message, dict):
+            self.broken = True
             raise RemoteGone("the other process sent something that is not a message")
+        self.elements_left = MAX_ELEMENTS
         return message
 
     def _read_exactly(self, size: int) -> bytes:
@@ -499,20 +528,20 @@ class Channel:
             self.guard(op, target, args)
         if op == "getattr":
             value = getattr(target, args[0])
-            if len(args) == 1 and _class_method(target, args[0], value):
-                if self.screen is not None and not self.screen(value):
-                    raise PermissionError(f"the grader does not hand graded code a {type(value).__name__}")
-                return _Method(target, args[0], value.__func__)
+            if len(args) == 1 and not isinstance(target, (type, types.ModuleType)):
+                cached = _class_method(target, args[0], value)
+                if cached or (self.side == "T" and isinstance(value, _CALLABLES)):
+                    if self.screen is not None and not self.screen(value):
+                        raise PermissionError(f"the grader does not hand graded code a {type(value).__name__}")
+                    return _Method(target, args[0], value, cached)
             return _Live(value) if type(value) in _LIVE_TYPES else value
-        if op == "callmethod":            # the bound method the attribute read gave, called: obj.name(...)
-            function = args[1]
-            if not isinstance(function, types.FunctionType) or self.handed.get(id(target), {}).get(args[0]) \
-                    is not function:          # only the function this side sent as target.name, on target
-                raise PermissionError("callmethod calls a function of the object's class only")
-            value = types.MethodType(function, target)
-            if self.screen is not None and not self.screen(value):
-                raise PermissionError(f"the grader does not hand graded code a {type(value).__name__}")
-            return value(*args[2:], **kwargs)
+        if op == "callmethod":            # the method the attribute read gave, called: obj.name(...)
+            function = self.handed.get(id(target), {}).get(args[0])
+            if function is None:          # only what this side read as target.name, bound to target
+                raise PermissionError("callmethod calls a method of an object read by its name first")
+            if self.call_guard is not None:
+                self.call_guard(function)
+            return function(*args[1:], **kwargs)
         if op == "copy":
             return target
         if op == "write_into":
@@ -527,6 +556,8 @@ class Channel:
             delattr(target, args[0])
             return None
         if op == "call":
+            if self.call_guard is not None:
+                self.call_guard(target)
             return target(*args, **kwargs)
         if op == "getitem":
             return target[args[0]]
@@ -605,13 +636,26 @@ def _learner_frames(tb) -> list:
 
 
 class _Method:
-    """A method of `target` found on its class (not set on the object): sent as the object and the name,
-    so the other side can call it later without asking for the attribute again."""
+    """A method read as `target.name` (bound to target): sent as the object and the name, never the
+    function; `cached` when it is a function of target's class (not set on the object), so the other
+    side can call it later without asking for the attribute again."""
 
-    __slots__ = ("target", "name", "function")
+    __slots__ = ("target", "name", "function", "cached")
 
-    def __init__(self, target, name: str, function):
-        self.target, self.name, self.function = target, name, function
+    def __init__(self, target, name: str, function, cached: bool = True):
+        self.target, self.name, self.function, self.cached = target, name, function, cached
+
+
+_CALLABLES = (types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+
+
+class TaughtBodyRefused(NotImplementedError):
+    """The grader does not run an engine body the learner is graded on (or will be, later in the course)
+    for the learner's process: the host's own engine holds a stub there, and so does what it may call."""
+
+    def __init__(self, message: str, qualname: str):
+        super().__init__(message)
+        self.qualname = qualname
 
 
 def _class_method(target, name: str, value) -> bool:
@@ -625,18 +669,18 @@ def _class_method(target, name: str, value) -> bool:
 
 
 class _RemoteMethod:
-    """`remote.name` where that name was a method of the remote object's class: the object and the class's
-    function, bound as a bound method is (kept and called later, it calls that function, whatever the
-    name means by then). Calling it is one request (`callmethod`), so a check that calls a method in a
-    loop pays one round trip per call, not two. Anything else done with it asks for the bound method."""
+    """`remote.name` where that name was a method of the remote object's class: the object and the name,
+    never a handle to the function (the owner calls the function it read as that name, bound as a bound
+    method is). Calling it is one request (`callmethod`), so a check that calls a method in a loop pays
+    one round trip per call, not two. Anything else done with it asks for the bound method."""
 
-    __slots__ = ("_owner", "_name", "_function")
+    __slots__ = ("_owner", "_name")
 
-    def __init__(self, owner: "Remote", name: str, function: "Remote"):
-        self._owner, self._name, self._function = owner, name, function
+    def __init__(self, owner: "Remote", name: str):
+        self._owner, self._name = owner, name
 
     def __call__(self, *args, **kwargs):
-        return self._owner._channel.request("callmethod", self._owner, self._name, self._function, *args, **kwargs)
+        return self._owner._channel.request("callmethod", self._owner, self._name, *args, **kwargs)
 
     def _bound(self):
         return self._owner._channel.request("getattr", self._owner, self._name, True)
@@ -644,6 +688,8 @@ class _RemoteMethod:
     def __getattr__(self, name):
         if name in _RemoteMethod.__slots__:
             raise AttributeError(name)           # a copy being built: its slots are not set yet
+        if name == "__name__":
+            return self._name
         return getattr(self._bound(), name)
 
     def __repr__(self):
@@ -672,17 +718,16 @@ class Remote:
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__") and name not in _FORWARDED_DUNDERS:
             raise AttributeError(name)
-        function = self._channel.methods.get(self._id, {}).get(name)
-        if function is not None:                   # the class's method, read before: no need to ask again
-            return _RemoteMethod(self, name, function)
+        if name in self._channel.methods.get(self._id, ()):   # the class's method, read before: not asked again
+            return _RemoteMethod(self, name)
         return self._ask("getattr", name)
 
     def __setattr__(self, name, value):
-        self._channel.methods.get(self._id, {}).pop(name, None)     # set on the object: it hides the class's
+        self._channel.methods.get(self._id, set()).discard(name)     # set on the object: it hides the class's
         self._ask("setattr", name, value)
 
     def __delattr__(self, name):
-        self._channel.methods.get(self._id, {}).pop(name, None)
+        self._channel.methods.get(self._id, set()).discard(name)
         self._ask("delattr", name)
 
     def __call__(self, *args, **kwargs):
