@@ -40,7 +40,8 @@ def together(name: str, labels: tuple, *classes) -> type | str:
     except TypeError as error:
         order = ", ".join(label for _, label in bases)
         return (f"your classes {order} cannot be put together into one class: Python finds no method order "
-                f"for class {name}({', '.join(label.split(' (')[0] for _, label in bases)}) ({error}). Let "
+                f"for class {name}({', '.join(label.split(' (')[0] for _, label in bases)}) "
+                f"({' '.join(str(error).split())}). Let "
                 f"each exercise's class subclass the engine's class, as its cell starts, or the class of the "
                 f"exercise before it (class X(X) chains them); change the class line of {bases[0][1]}'s cell, "
                 f"run it and the cells after it again")
