@@ -76,11 +76,13 @@ def parted_at(prompt: list[int], scratch: list[int], cached: list[int]) -> int |
 def side_by_side(run_cached: Callable, prompt: str = PROMPT, tokens: int = TOKENS) -> Continuations:
     """Both continuations of `prompt`. `run_cached(model, prompt_ids, tokens)` continues it through the
     learner's cache (built for `model.config`) and returns the new token ids; see `plain_run`."""
+    from engine.checks import one_thread
     from engine.tokenizer import ByteTokenizer
     model, tokenizer = trained(), ByteTokenizer()
     ids = tokenizer.encode(prompt)
-    scratch = greedy_from_scratch(model, ids, tokens)
-    cached = list(run_cached(model, ids, tokens))
+    with one_thread():
+        scratch = greedy_from_scratch(model, ids, tokens)
+        cached = list(run_cached(model, ids, tokens))
     return Continuations(prompt, tokenizer.decode(scratch), tokenizer.decode(cached), parted_at(ids, scratch, cached))
 
 
