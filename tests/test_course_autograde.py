@@ -8,7 +8,9 @@ everyone appears in grades.csv, and each fault is reported by name.
 import contextlib
 import csv
 import io
+import json
 import os
+import shutil
 
 import nbformat
 import pytest
@@ -16,7 +18,8 @@ import pytest
 from engine.course import cells
 from engine.course.autograde import collect, main, not_graded, student_ids, summary
 from engine.course.nbgrader_course import write_config
-from fixtures.course_support import FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, expanded, stubbed, write_notebook
+from fixtures.course_support import (FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, expanded, stubbed, with_cells_added,
+                                     write_notebook)
 
 
 def test_submissions_are_collected_into_nbgraders_layout(tmp_path):
@@ -195,3 +198,75 @@ def test_the_summary_and_the_exit_line(class_run):
         assert f"{student}/{entry}: " in line
     assert "bad\\xff: refused" in line
     assert ".a *?[c] ü       ch99" in out and "not graded: ch99_fixture.ipynb: a folder named like a notebook" in out
+
+
+# ---- result records: authenticated, refused when rewritten, moved or for another notebook ------------
+
+def _class_in_course(course, students):
+    """course/submitted/<student>/ch99/ch99_fixture.ipynb for each, every notebook different."""
+    paths = []
+    for number, student in enumerate(students):
+        notebook = with_cells_added(expanded(FIXTURE_CHAPTER), "setup", f"student = {student!r}  # {number}")
+        paths.append(write_notebook(notebook, course / "submitted" / student / "ch99", FIXTURE_CHAPTER.stem))
+    return paths
+
+
+def test_rewritten_moved_or_foreign_records_are_refused_and_graded_again(tmp_path, monkeypatch):
+    from engine.course import cluster_task
+    from engine.course.autograde import grade_submissions
+    from engine.course.nbgrader_course import cached_result, result_path
+    graded = []
+
+    def grade_file(notebook, chapter, workdir, timeout, sandbox, limits, hide):   # the sealed run, stood in for
+        graded.append(notebook.parent.parent.name)
+        result = {"outputs": {"grade:test_increment": [{"output_type": "stream", "name": "stdout",
+                                                        "text": notebook.parent.parent.name}]},
+                  "flags": [], "changes": [], "grader": cluster_task.settings(chapter, timeout, sandbox, limits)}
+        return result, "6/6"
+
+    monkeypatch.setattr(cluster_task, "grade_file", grade_file)
+    course, work = tmp_path / "course", tmp_path / "course" / "sandbox"
+    students = ["ada", "bob", "cy", "dan"]
+    copied = _class_in_course(course, students)
+
+    def run():
+        graded.clear()
+        grade_submissions(copied, course, [FIXTURE_CHAPTER], 60, 2, "off", [], progress=lambda line: None)
+        return sorted(graded)
+
+    assert run() == students
+    key = course / "instructor" / "result-key"
+    assert oct(key.stat().st_mode & 0o777) == "0o600" and oct(key.parent.stat().st_mode & 0o777) == "0o700"
+    record = {s: result_path(work, s, "ch99") for s in students}
+    assert all(cached_result(work, s, "ch99", path) is not None for s, path in zip(students, copied))
+    assert run() == [], "authentic results for the same notebooks are kept"
+
+    rewritten = json.loads(record["ada"].read_text())      # ada's result rewritten, its HMAC kept
+    rewritten["result"]["outputs"]["grade:test_increment"][0]["text"] = "forged"
+    record["ada"].write_text(json.dumps(rewritten))
+    shutil.copyfile(record["cy"], record["bob"])           # cy's record moved to bob
+    copied[3].write_text(copied[3].read_text().replace("# 3", "# 3, sent again"))   # dan's notebook changed
+    kept = record["cy"].read_bytes()
+    assert [cached_result(work, s, "ch99", path) is None for s, path in zip(students, copied)] == \
+        [True, True, False, True]
+    assert run() == ["ada", "bob", "dan"], "each refused record graded again, the rest as they were"
+    assert record["cy"].read_bytes() == kept
+    assert json.loads(record["bob"].read_text())["student"] == "bob"
+    assert all(cached_result(work, s, "ch99", path) is not None for s, path in zip(students, copied))
+
+
+def test_an_unsigned_record_or_one_without_the_courses_key_is_refused(tmp_path):
+    from engine.course.nbgrader_course import cached_result, file_digest, result_key, result_path, write_result
+    course = tmp_path / "course"
+    [path] = _class_in_course(course, ["ada"])
+    work, digest = course / "sandbox", file_digest(path)
+    result = {"outputs": {}, "flags": [], "changes": []}
+    target = result_path(work, "ada", "ch99")
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps({"sha256": digest, **result}))        # the unsigned record of old
+    assert cached_result(work, "ada", "ch99", path) is None
+    write_result(work, "ada", "ch99", digest, result, b"not the course's key")
+    assert result_key(course) is None and cached_result(work, "ada", "ch99", path) is None
+    write_result(work, "ada", "ch99", digest, result, result_key(course, create=True))
+    assert cached_result(work, "ada", "ch99", path) == result
+    assert cached_result(work, "ada", "ch99", path, grader={"timeout": 1}) is None   # other settings: not reused
