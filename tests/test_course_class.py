@@ -11,6 +11,7 @@ reports; nbgrader's own export agrees.
 import csv
 import os
 import re
+import shutil
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -87,6 +88,33 @@ def test_a_notebook_of_another_chapter_is_named():
     # a chapter the course does not have is named by its number (a notebook without chNN_ ids: see the flow)
     assert reports.wrong_chapter(REPO / "notebooks" / "ch02_block_tables.ipynb", "ch98", [SEALED_CHAPTER]) == \
         "this is ch02, handed in as ch98"
+
+
+def test_collect_takes_only_what_nbgrader_submit_made_and_names_the_rest(tmp_path):
+    from engine.course.inbound import is_account, sort_inbound
+    stamp = "2027-02-01 10:00:00.000000 UTC"
+    for name, files in ((f"ada+ch98+{stamp}+a1", ["timestamp.txt", "submission_secret.txt", "ch98_sealed.ipynb"]),
+                        (f"bob+ch98+{stamp}+b1", ["timestamp.txt", "ch98_sealed.ipynb"]),
+                        ("garbage", ["x"]), (f"cy+ch97+{stamp}+c1", ["timestamp.txt"])):
+        (tmp_path / name).mkdir()
+        for file in files:
+            (tmp_path / name / file).write_text("x")
+    (tmp_path / f"dan+ch98+{stamp}+d1").symlink_to(tmp_path / f"ada+ch98+{stamp}+a1")
+    (tmp_path / f"eve+ch98+{stamp}+e1").mkdir()
+    (tmp_path / f"eve+ch98+{stamp}+e1" / "submission_secret.txt").symlink_to("/etc/passwd")
+    taken, refused = sort_inbound(tmp_path, "ch98", require_owner=False)
+    assert [e.student for e in taken] == ["ada"]
+    said = {e.name.split("+")[0]: e.why for e in refused}
+    assert said["bob"].startswith("no submission_secret.txt (not made by nbgrader submit), put there by ")
+    assert said["garbage"].startswith("not a submission's name (STUDENT+CHAPTER+TIME), put there by ")
+    assert said["dan"].startswith("not a folder") and said["eve"].startswith("holds a symbolic link")
+    assert "cy" not in said                                  # another chapter's: not this round's business
+    forged = tmp_path / f"nobody+ch98+{stamp}+n1"           # an account's name, another account's files
+    shutil.copytree(tmp_path / f"ada+ch98+{stamp}+a1", forged)
+    checked = {e.name.split("+")[0]: e.why for e in sort_inbound(tmp_path, "ch98")[1]}
+    assert checked["ada"].startswith("names ada, who has no account here; put there by ")
+    if is_account("nobody") and os.geteuid() != 65534:
+        assert checked["nobody"].startswith("claims to be nobody's, but is owned by "), checked
 
 
 def test_lateness_reads_in_its_own_unit():

@@ -296,6 +296,12 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
                 page.wait_for_url("**/lab**", timeout=180_000)
                 page.get_by_text("Nbgrader", exact=True).wait_for(timeout=180_000)
             step("log in: 4 JupyterLabs up")
+            for name in [INSTRUCTOR, "pkvtest-ada"]:      # students' kernels import the student engine
+                pid = subprocess.run(["pgrep", "-o", "-u", name, "-f", "jupyterhub-singleuser"], capture_output=True,
+                                     text=True).stdout.split()[0]
+                environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
+                               if "=" in item)
+                assert environ.get("PYTHONPATH", "") == ("" if name == INSTRUCTOR else str(PREFIX / "student")), environ
 
             # formgrader and the course list are the instructor's only
             ada = pages["pkvtest-ada"]
@@ -368,6 +374,15 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
         assert len(released) == len(STUDENTS) + 1, released       # everyone's feedback, eve's too
         hostile_run = next(line for line in progress.splitlines() if line.startswith("[") and HOSTILE in line)
         refusals["fork bomb and memory hog submitted, graded by the instructor"] = hostile_run
+        graded = json.loads((Path(course) / "autograded" / HOSTILE / NOTEBOOK).read_text())
+        said = {(cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id"):
+                " ".join(out.get("text", "") if isinstance(out.get("text"), str) else "".join(out.get("text", []))
+                         or f"{out.get('ename')}: {out.get('evalue')}" for out in cell.get("outputs", [])).strip()
+                for cell in graded["cells"]}
+        assert "refused os.fork" in said["ch02_physical_slot"], said["ch02_physical_slot"]
+        assert "RemoteGone" in said["ch02_slot_index"] or "Memory" in said["ch02_slot_index"], said["ch02_slot_index"]
+        refusals["the fork bomb's cell, graded"] = said["ch02_physical_slot"]
+        refusals["the memory hog's cell, graded"] = said["ch02_slot_index"]
         scores = {name: float(rows[name]["score"]) for name in rows}
         assert scores["pkvtest-ada"] == auto and scores["pkvtest-cy"] == 0, (scores, auto, progress)  # not the forgery
         assert scores[HOSTILE] < auto, scores

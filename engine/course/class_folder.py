@@ -377,7 +377,7 @@ def grade(course_dir: Path, assignment: str, jobs: int = 2, sandbox: str = "auto
         progress(f"not graded: {fault.line()}")
     started = time.monotonic()
     grade_submissions(gradable, course_dir, chapter, AUTOGRADE_CELL_TIMEOUT, jobs, sandbox,
-                      [exchange_root(course_dir)], progress)
+                      [exchange_root(course_dir), *course_sources()], progress)
     steps["sealed runs"] = time.monotonic() - started
     started = time.monotonic()
     failed = run_tolerant(course_dir, "autograde", assignment, "--create") if gradable else {}
@@ -406,6 +406,13 @@ def grade(course_dir: Path, assignment: str, jobs: int = 2, sandbox: str = "auto
         steps["release_feedback"] = time.monotonic() - started
     progress("steps: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in steps.items()))
     return outputs
+
+
+def course_sources() -> list[Path]:
+    """The course's full engine and tests, kept from the sandbox where they lie inside what it binds (a
+    hub install, whose Python environment holds src/: an instructor's sandbox could read them by group);
+    the grader's host gets its own engine (engine.course.edition.host_engine)."""
+    return [repo_root() / "engine", repo_root() / "tests"]
 
 
 def _fault(student: str, assignment: str, why: str):
