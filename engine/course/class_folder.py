@@ -15,9 +15,11 @@ The roster file says who is in the class, which chapters are set and when each i
 autograde, the exchange, the late-submission plugin), source/ and release/ for the roster's chapters,
 and a gradebook holding the students and the chapters with their due dates.
 
-`grade CHAPTER` is the instructor's round after students submit through the exchange: collect (a
-resubmission replaces the earlier one; every submission's time stays in submissions.csv), set aside
-what cannot be graded (a notebook of another chapter is named as such), grade every submission in the
+`grade CHAPTER` is the instructor's round after students submit through the exchange: collect (only
+what belongs to the account it names, engine/course/inbound.py, the rest reported in not-collected.csv;
+a resubmission replaces the earlier one; every submission's time stays in submissions.csv), set aside
+what cannot be graded (a notebook of another chapter is named as such, keeps its row and gets a
+feedback page saying so), grade every submission in the
 sealed worker in the sandbox (`--jobs` at a time), nbgrader autograde (late penalties) and feedback,
 then the reports (engine/course/reports.py) and the gradebook export (engine/course/export.py).
 `--release` also releases the feedback to the students.
