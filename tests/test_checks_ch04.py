@@ -158,6 +158,20 @@ def test_the_engine_writes_the_same_sentence_through_a_fork():
     assert str(text).startswith("from-scratch and yours both write 'The block table maps")
 
 
+def test_a_plain_cache_and_an_int8_one_are_written_out_too():
+    """What the other chapters' checks would call: a plain run through a cache, from scratch on the other
+    side, or the engine's own run where the cache is not exact (int8 blocks)."""
+    from engine.cache.quantized import QuantizedPagedKVCache
+    from engine.checks import ceil_div
+
+    def run(kind):
+        return ch04.continuations.plain_run(lambda config, n: kind(config, ceil_div(n, 16) + 1, block_size=16))
+    plain = ch04.continuations.side_by_side(run(PagedKVCache))
+    assert plain.parted_at is None and str(plain).startswith("from-scratch and yours both write 'The block table")
+    int8 = ch04.continuations.side_by_side(run(QuantizedPagedKVCache), reference=run(QuantizedPagedKVCache))
+    assert int8.parted_at is None and str(int8).startswith("the engine's and yours both write 'The block table")
+
+
 def test_a_passing_check_writes_no_text(monkeypatch):
     def never(*args):
         raise AssertionError("continuations computed for a passing check")

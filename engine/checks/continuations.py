@@ -26,18 +26,20 @@ def trained():
 
 @dataclass(frozen=True)
 class Continuations:
-    """A prompt, its greedy continuation from scratch and through the cache, and the first token where
-    they differ (counted from the start of the text, prompt included; None when they agree)."""
+    """A prompt, its greedy continuation from scratch (or by the engine's `reference` run) and through
+    the learner's cache, and the first token where they differ (counted from the start of the text,
+    prompt included; None when they agree)."""
 
     prompt: str
     scratch: str
     cached: str
     parted_at: int | None
+    reference: str = "from-scratch"
 
     def __str__(self) -> str:
         if self.parted_at is None:
-            return f"from-scratch and yours both write {self.prompt + self.scratch!r}"
-        return (f"from-scratch: {self.prompt + self.scratch!r}, yours: {self.prompt + self.cached!r}, "
+            return f"{self.reference} and yours both write {self.prompt + self.scratch!r}"
+        return (f"{self.reference}: {self.prompt + self.scratch!r}, yours: {self.prompt + self.cached!r}, "
                 f"token {self.parted_at}")
 
 
@@ -73,17 +75,21 @@ def parted_at(prompt: list[int], scratch: list[int], cached: list[int]) -> int |
     return None if len(scratch) == len(cached) else len(prompt) + min(len(scratch), len(cached))
 
 
-def side_by_side(run_cached: Callable, prompt: str = PROMPT, tokens: int = TOKENS) -> Continuations:
+def side_by_side(run_cached: Callable, prompt: str = PROMPT, tokens: int = TOKENS,
+                 reference: Callable | None = None) -> Continuations:
     """Both continuations of `prompt`. `run_cached(model, prompt_ids, tokens)` continues it through the
-    learner's cache (built for `model.config`) and returns the new token ids; see `plain_run`."""
+    learner's cache (built for `model.config`) and returns the new token ids; see `plain_run`. The other
+    side is from scratch, or `reference` (the same call through the engine's cache) where the cache is
+    not meant to be exact (int8 blocks)."""
     from engine.checks import one_thread
     from engine.tokenizer import ByteTokenizer
     model, tokenizer = trained(), ByteTokenizer()
     ids = tokenizer.encode(prompt)
     with one_thread():
-        scratch = greedy_from_scratch(model, ids, tokens)
+        scratch = list(reference(model, ids, tokens)) if reference else greedy_from_scratch(model, ids, tokens)
         cached = list(run_cached(model, ids, tokens))
-    return Continuations(prompt, tokenizer.decode(scratch), tokenizer.decode(cached), parted_at(ids, scratch, cached))
+    return Continuations(prompt, tokenizer.decode(scratch), tokenizer.decode(cached), parted_at(ids, scratch, cached),
+                         "the engine's" if reference else "from-scratch")
 
 
 def plain_run(make_cache: Callable) -> Callable:
@@ -100,9 +106,9 @@ def plain_run(make_cache: Callable) -> Callable:
     return run
 
 
-def shown(run_cached: Callable, prompt: str = PROMPT, tokens: int = TOKENS) -> str:
+def shown(run_cached: Callable, prompt: str = PROMPT, tokens: int = TOKENS, reference: Callable | None = None) -> str:
     """side_by_side as one line for a check's message; a cache that crashes on the way says so instead."""
     try:
-        return f"The trained tiny model writes it out: {side_by_side(run_cached, prompt, tokens)}"
+        return f"The trained tiny model writes it out: {side_by_side(run_cached, prompt, tokens, reference)}"
     except Exception as exc:   # the learner's cache failing here must not hide the check's own message
         return f"(The trained tiny model could not write through your cache: {type(exc).__name__}: {exc})"
