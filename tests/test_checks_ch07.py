@@ -337,3 +337,22 @@ def test_each_exercise_is_checked_on_the_learners_schedulers_together():
     made = ch07.your_scheduler(SamplingOwn, PreemptChained, AdmitBySuper)
     assert made.__mro__[1:4] == (SamplingOwn, PreemptChained, AdmitBySuper)
     passes(ch07.check_serving_under_pressure, (SamplingOwn, PreemptChained, AdmitBySuper), PagedKVCache)
+
+
+@pytest.mark.slow
+def test_honest_styles_score_full_marks_through_the_grader():
+    """Through make grade's sealed grader (the classes in the host, on its stubbed engine): admit and preempt
+    calling the engine's helpers through zero-argument super(); parallel sampling, whose check runs them,
+    keeps its points, and so does every other exercise."""
+    from fixtures.course_support import BUILD, REPO, expanded, grade_json, possible, scores, with_cell_edited, \
+        write_notebook
+    chapter = REPO / "solutions" / "ch07_continuous_batching.py"
+    notebook = with_cell_edited(expanded(chapter), "ch07_admit", lambda source: source.replace(
+        "        if not self.make_room(need):", "        if not super().make_room(need):"))
+    notebook = with_cell_edited(notebook, "ch07_preempt", lambda source: source.replace(
+        "            self.release(seq)\n", "            super().release(seq)\n"))
+    folder = BUILD / "styles" / "ch07"
+    write_notebook(notebook, folder, chapter.stem)
+    report = grade_json(folder, REPO / "solutions")
+    full = possible(report)
+    assert {key: scores(report)[key] for key in full} == full
