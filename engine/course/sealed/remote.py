@@ -117,7 +117,7 @@ class Channel:
         self.next_call = 0
         self.received: list = []                  # (tensor or generator read by attribute, its state, where)
         self.allowance: float | None = None       # seconds the other side may still take to answer, or None
-        self.broken = False                       # out of step since an answer came too late
+        self.broken: RemoteGone | None = None     # why it is out of step (too late, too large): raised again
         self.elements_left = MAX_ELEMENTS         # values the message being read may still hold
 
     # ------------------------------------------------------------------------------------- encoding
@@ -245,9 +245,9 @@ class Channel:
         if isinstance(value, list):
             self.elements_left -= len(value)
             if self.elements_left < 0:
-                self.broken = True
-                raise TooLarge(f"the notebook's process sent the grader more than {MAX_ELEMENTS:,} values in "
-                               "one answer (the grader's bound)")
+                self.broken = TooLarge(f"the notebook's process sent the grader more than {MAX_ELEMENTS:,} values "
+                                       "in one answer (the grader's bound)")
+                raise self.broken
         if tag in ("list", "tuple", "set", "frozenset"):
             items = [self.decode(v, tensors, depth + 1) for v in value]
             return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
@@ -391,16 +391,16 @@ class Channel:
         header = self._read_exactly(_HEADER.size)
         (size,) = _HEADER.unpack(header)
         if size > MAX_FRAME:
-            self.broken = True
-            raise TooLarge(f"the notebook's process sent the grader a message of {size:,} bytes (the grader's "
-                           f"bound is {MAX_FRAME:,})")
+            self.broken = TooLarge(f"the notebook's process sent the grader a message of {size:,} bytes (the "
+                                   f"grader's bound is {MAX_FRAME:,})")
+            raise self.broken
         try:
             message = json.loads(self._read_exactly(size))
         except (ValueError, RecursionError):
             message = None
         if not isinstance(message, dict):
-            self.broken = True
-            raise RemoteGone("the other process sent something that is not a message")
+            self.broken = RemoteGone("the other process sent something that is not a message")
+            raise self.broken
         self.elements_left = MAX_ELEMENTS
         return message
 
@@ -425,8 +425,8 @@ class Channel:
 
     def request(self, op: str, target, *args, **kwargs):
         """Ask the other side to do `op` on `target` (a Remote); answer its requests until the reply."""
-        if self.broken:
-            raise TooSlow("the notebook's process is still busy with an earlier question")
+        if self.broken is not None:       # a check that caught the first raise is not answered either
+            raise type(self.broken)(*self.broken.args)
         with self.lock:
             self._write_back()
             value = self._request(op, target, args, kwargs)
@@ -497,8 +497,8 @@ class Channel:
         try:
             return self._receive()
         except TimeoutError:
-            self.broken = True
-            raise TooSlow("the notebook's code took longer than its time to answer") from None
+            self.broken = TooSlow("the notebook's code took longer than its time to answer")
+            raise self.broken from None
         finally:
             self.sock.settimeout(None)
             self.allowance -= time.monotonic() - started
