@@ -63,7 +63,8 @@ def test_the_solution_itself_is_flagged_as_the_reference():
 
 def test_the_reference_with_its_three_messages_reworded_is_flagged():
     import engine.cache.allocator as allocator
-    reference = "import engine.cache.allocator\nclass BlockAllocator(engine.cache.allocator.BlockAllocator):\n" + "".join(
+    head = "import engine.cache.allocator\nclass BlockAllocator(engine.cache.allocator.BlockAllocator):\n"
+    reference = head + "".join(
         textwrap.indent(textwrap.dedent(inspect.getsource(getattr(allocator.BlockAllocator, m))), "    ")
         for m in ("allocate", "share", "release"))
     reworded = reference
