@@ -46,7 +46,9 @@ def test_fork_shares_the_prompt_and_copies_one_block_per_fork(capsys, model):
     assert (got["parent_blocks"], got["new_blocks_after_forking"],
             got["new_blocks_after_each_fork_writes_a_token"]) == (3, 0, 4)
     assert got["blocks_for_independent_copies"] == 12
-    assert got["max_abs_diff_vs_scratch"] < 1e-5
+    # float32 rounding: the seeded model's logits are O(1); the trained one's reach 16-32, where one ulp is
+    # 2**-19 (1.9e-6), so a few ulps of a different summation order pass 1e-5 there
+    assert got["max_abs_diff_vs_scratch"] < (1e-5 if model == "tiny" else 20 * 2 ** -19)
 
 
 def test_prefix_prefills_the_system_prompt_once(capsys):
