@@ -51,7 +51,7 @@ import torch
 
 from engine.cache.protocol import KVCache, new_lengths
 from engine.cache.static import StaticKVCache as ReferenceStaticCache   # the engine's
-from engine.checkpoint import tiny_model
+from engine.checkpoint import TRAINED_DIR, tiny_model, trained_model
 from engine.checks import ch01
 from engine.config import ModelConfig, known_config
 from engine.config import kv_bytes_per_token as reference_kv_bytes    # the engine's
@@ -61,6 +61,7 @@ from engine.tools.demos.paged import paged_figures, request_lengths, static_figu
 from engine.generate import cached_step, generate, pack, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
+from engine.tokenizer import ByteTokenizer
 from engine.tools.simulate import GPUS, Roofline
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -105,6 +106,31 @@ print(f"logits: {list(logits.shape)} = [batch, tokens, vocab]")
 for b, prompt in enumerate(prompts):
     following = int(logits[b, len(prompt) - 1].argmax())
     print(f"row {b}: next token after {prompt} is {following}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch01_trained_md", "locked": true, "schema_version": 3, "solution": false}
+# Random weights make the arithmetic exact and the output noise. So that you can see the engine
+# write, the repository also holds a second tiny Qwen3 of the same architecture whose weights were
+# *trained*, on this course's own prose: the text of the eight chapters, code left out, frozen once
+# as `engine/tiny_model/corpus.txt`. `make tiny-model` retrains it from a seed on one CPU thread
+# (`engine/tools/train_tiny.py`). It reads and writes bytes, one letter at a time, and it knows
+# nothing but these chapters: expect their phrases stitched together, not answers.
+# `python -m engine generate` uses it unless `--model` names another, and a real Qwen3 checkpoint
+# (a Hugging Face folder with `config.json` and safetensors, such as Qwen3-0.6B) loads with
+# `--model path/to/folder`. The checks and the figures keep the seeded model, so nothing graded
+# depends on how well this one writes. The cell below prints its size and how it continues three
+# prompts, greedily, through the engine's own loop.
+
+# %% nbgrader={"grade": false, "grade_id": "ch01_trained", "locked": true, "schema_version": 3, "solution": false}
+trained = trained_model()
+shape, weights = trained.config, TRAINED_DIR / "model.safetensors"
+params = sum(p.numel() for p in trained.parameters())
+print(f"trained tiny Qwen3: {shape.num_layers} layers, hidden {shape.hidden_size}, "
+      f"{params:,} parameters, {weights.stat().st_size / MiB:.2f} MiB of bfloat16")
+corpus = (TRAINED_DIR / "corpus.txt").stat().st_size
+print(f"trained on {corpus:,} bytes of the chapters' prose")
+for text in ["The block table maps", "A paged KV cache", "Copy-on-write"]:
+    out = generate(trained, [list(text.encode())], SamplingParams(max_tokens=48))[0]
+    print(f"{text!r} -> {ByteTokenizer().decode(out.tokens)!r}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch01_causal_md", "locked": true, "schema_version": 3, "solution": false}
 # The causal mask has a consequence that the whole course rests on. The key and value of position $i$
