@@ -22,13 +22,12 @@ def pack(rows: Sequence[Sequence[int]], starts: Sequence[int],
     Short rows are padded with token 0 at position -1, which the model and caches skip.
     """
     width = max((len(r) for r in rows), default=0)
-    token_ids = torch.tensor([list(row) + [0] * (width - len(row)) for row in rows], dtype=torch.long)
-    token_ids = token_ids.reshape(len(rows), width)
-    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
-    column = torch.arange(width)
-    positions = torch.tensor(list(starts), dtype=torch.long)[:, None] + column
-    positions = torch.where(column < lengths[:, None], positions, -1).reshape(len(rows), width)
-    return token_ids.to(device), positions.to(device)
+    # Built as Python lists, then one tensor each: a decode step's rows are short, and a tensor op
+    # per step costs more than the list.
+    ids = [list(row) + [0] * (width - len(row)) for row in rows]
+    places = [list(range(start, start + len(row))) + [-1] * (width - len(row)) for row, start in zip(rows, starts)]
+    token_ids = torch.tensor(ids, dtype=torch.long, device=device).reshape(len(rows), width)
+    return token_ids, torch.tensor(places, dtype=torch.long, device=device).reshape(len(rows), width)
 
 
 def model_device(model) -> torch.device:

@@ -4,6 +4,8 @@ Module names follow the Hugging Face checkpoint keys, so a state dict loads with
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -31,11 +33,18 @@ class RMSNorm(nn.Module):
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [B, 1, T, D] of the rotary angles at positions [B, T], each half-width row written
     twice (dimension i and i + D/2 turn by the same angle); every layer shares them."""
-    half = head_dim // 2
-    inv_freq = 1.0 / theta ** (torch.arange(0, half, device=positions.device, dtype=torch.float32) / half)
+    inv_freq = inverse_frequencies(head_dim, theta, positions.device)
     angles = positions.clamp(min=0).float()[:, None, :, None] * inv_freq          # [B, 1, T, D/2]
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
+
+
+@functools.lru_cache(maxsize=16)
+def inverse_frequencies(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """theta^(-2i/D) for i < D/2, the rotary frequencies: the same every forward, so made once."""
+    half = head_dim // 2
+    with torch.inference_mode(False):       # a normal tensor, usable in and out of inference mode
+        return 1.0 / theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

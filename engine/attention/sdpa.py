@@ -101,7 +101,7 @@ def paged_sdpa(q, k_pool, v_pool, block_tables, q_positions, kv_lens) -> torch.T
 
 def _paged_group(q, k_pool, v_pool, plan: ReadPlan) -> torch.Tensor:
     """Gather one group's histories into scratch memory, then attend."""
-    key_rows, value_rows = _scratch(2, plan.blocks.numel() * k_pool[0, 0].numel(), k_pool)
+    key_rows, value_rows = _scratch(2, plan.blocks.numel() * k_pool.shape[2] * k_pool.shape[3], k_pool)
     keys = _rows_of_blocks(k_pool, plan, q.shape[0], key_rows)
     values = _rows_of_blocks(v_pool, plan, q.shape[0], value_rows)
     return _sdpa(q, keys, values, plan)
@@ -186,10 +186,15 @@ def _scratch(parts: int, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
     operating system each time, and those page faults cost as much as the copy itself. The memory
     is kept (the largest step's gathers) until a call needs another dtype or device.
     """
-    buffer = getattr(_per_thread, "scratch", None)
+    buffer, key, views = getattr(_per_thread, "scratch", (None, None, None))
     if buffer is None or buffer.numel() < parts * numel or buffer.dtype != like.dtype \
             or buffer.device != like.device:
         with torch.inference_mode(False):    # a normal tensor: writable inside inference mode and out of it
             buffer = torch.empty(parts * numel, dtype=like.dtype, device=like.device)
-        _per_thread.scratch = buffer
-    return list(buffer[:parts * numel].view(parts, numel))
+        key = None
+    # Every layer of a forward asks for the same parts: its views are kept (a view made in inference
+    # mode must not be written outside it, so the mode is part of the key).
+    if key != (parts, numel, torch.is_inference_mode_enabled()):
+        key, views = (parts, numel, torch.is_inference_mode_enabled()), list(buffer[:parts * numel].view(parts, numel))
+    _per_thread.scratch = (buffer, key, views)
+    return views

@@ -60,10 +60,11 @@ class ModelRunner:
         On CUDA the three go in one asynchronous copy from pinned memory: a plain copy from pageable
         memory waits for the GPU to drain its queue first, three times a forward.
         """
+        if device.type != "cuda":
+            token_ids, positions = pack(rows, starts, device)
+            return token_ids, positions, torch.tensor([len(r) - 1 for r in rows], device=device)
         token_ids, positions = pack(rows, starts)
         last = torch.tensor([len(r) - 1 for r in rows])
-        if device.type != "cuda":
-            return token_ids.to(device), positions.to(device), last.to(device)
         n = token_ids.numel()
         flat = torch.cat([token_ids.flatten(), positions.flatten(), last]).pin_memory().to(device, non_blocking=True)
         return flat[:n].view_as(token_ids), flat[n:2 * n].view_as(positions), flat[2 * n:]
@@ -75,8 +76,12 @@ class ModelRunner:
         a prompt chunk, every decode row would be padded to the chunk's width and pay for positions
         it does not have. Prompt chunks of similar length share a forward (see `row_groups`).
         """
+        groups = row_groups(chunks)
+        if len(groups) == 1 and groups[0] == list(range(len(chunks))):   # one forward, rows in order: no copy
+            return self.forward([c.seq.seq_id for c in chunks], [c.tokens for c in chunks],
+                                [c.start for c in chunks]), None
         logits = None
-        for group in row_groups(chunks):
+        for group in groups:
             part = self.forward([chunks[i].seq.seq_id for i in group], [chunks[i].tokens for i in group],
                                 [chunks[i].start for i in group])
             if logits is None:
