@@ -16,7 +16,7 @@ help:
 	@echo "make lab        open JupyterLab on notebooks/"
 	@echo "make grade      grade your notebooks (or: make grade DIR=path)"
 	@echo "make release    regenerate notebooks/ (learner edition) from solutions/"
-	@echo "make autograde SUBMISSIONS=dir [JOBS=2]   instructor: sealed, sandboxed nbgrader autograde + feedback + grades.csv"
+	@echo "make autograde SUBMISSIONS=dir [JOBS=2 | CLUSTER=tcp://host:8786]   instructor: sealed, sandboxed nbgrader autograde + feedback + grades.csv"
 	@echo "make student-edition CHAPTERS=ch02,ch03 [UNLOCK=ch02]   instructor: build/student-edition/ to hand out"
 	@echo "make course ROSTER=roster.ini   instructor: the course folder and gradebook from a roster (no submission)"
 	@echo "make class-grade CHAPTER=ch02 [RELEASE=1]   instructor: collect, grade, feedback, reports (exchange)"
