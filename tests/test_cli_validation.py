@@ -136,7 +136,7 @@ CLI_CASES = [
      f"argument --seed: {2 ** 70} is not a seed: a whole number from 0 to 2**63 - 1"),
     (["generate", "--prompt", "hi", "--seed", "2**70"], "argument --seed: 2**70 is not a seed"),
     (["generate", "--prompt", ""], "argument --prompt: '' is empty"),
-    (["generate", "--prompt", "hi", "--model", ""], "argument --model: '' is empty: give 'tiny' or a checkpoint"),
+    (["generate", "--prompt", "hi", "--model", ""], "argument --model: '' is empty: give 'trained', 'tiny' or a checkpoint"),
     (["generate", "--prompt", "hi", "--model", "engine/configs/qwen3-0.6b.json"],
      "argument --model: engine/configs/qwen3-0.6b.json is a file: give the checkpoint folder"),
     (["generate", "--prompt", "hi", "--max-tokens", "0"], "argument --max-tokens: 0 is not a whole number >= 1"),

@@ -129,11 +129,11 @@ def non_empty(text: str) -> str:
 
 
 def model_source(text: str) -> str:
-    """--model: 'tiny', or a checkpoint folder (the folder, not its config.json or a weights file)."""
+    """--model: 'trained', 'tiny', or a checkpoint folder (the folder, not its config.json or a weights file)."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("'' is empty: give 'tiny' or a checkpoint folder")
+        raise argparse.ArgumentTypeError("'' is empty: give 'trained', 'tiny' or a checkpoint folder")
     path = Path(text)
-    if text != "tiny" and path.is_file():
+    if text not in ("trained", "tiny") and path.is_file():
         raise argparse.ArgumentTypeError(f"{shown(text)} is a file: give the checkpoint folder that holds "
                                          f"config.json and the weights ({str(path.parent)!r})")
     return text
