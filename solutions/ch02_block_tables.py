@@ -294,22 +294,22 @@ ch02.check_paged_utilization(paged_utilization)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_yours_util_md", "locked": true, "schema_version": 3, "solution": false}
 # **With your code: utilization.** This cell needs your `paged_utilization` (Exercise 2.2); until you
 # have written it, it stops with `NotImplementedError`. It evaluates your function on the 32-request
-# workload of section 2.1 for several block sizes and sets each value beside what the engine's
-# `PagedKVCache` reported when it actually stored those requests (`paged_figures`, rounded to three
-# places).
+# workload of section 2.1 for several block sizes and sets each value beside what a paged cache
+# reserves for those requests, counted block by block (`paged_figures`, the same figures the engine's
+# `PagedKVCache` reports when it stores them; rounded to three places).
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_yours_util", "locked": true, "schema_version": 3, "solution": false}
 print(f"{len(lengths)} requests, paged utilization by block size:")
 for size in (8, 16, 32, 64, 128):
-    engine_value = paged_figures(lengths, block_size=size)["utilization"]
+    counted = paged_figures(lengths, block_size=size)["utilization"]
     yours = paged_utilization(lengths, size)
-    flag = "" if abs(yours - engine_value) < 5e-4 else "  <- differs"
+    flag = "" if abs(yours - counted) < 5e-4 else "  <- differs"
     print(f"blocks of {size:3d}: your paged_utilization {yours:.3f}, "
-          f"the engine's PagedKVCache {engine_value:.3f}{flag}")
+          f"counted block by block {counted:.3f}{flag}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_tradeoff_md", "locked": true, "schema_version": 3, "solution": false}
-# The cell below draws the trade-off that decides the block size, from the engine's own slot math
-# (`engine.cache.slots.blocks_needed`), so it runs whether or not you have finished the exercises.
+# The cell below draws the trade-off that decides the block size, from the runtime's own ceiling
+# division (`engine.blocks.ceil_div`), so it runs whether or not you have finished the exercises.
 # Smaller blocks waste less of the last block, but every block is one more table entry for the
 # attention kernel to look up and one more small, scattered load. For a 300-token sequence the
 # expected tail is $(b-1)/2$ slots and the table has $\lceil 300/b \rceil$ entries.
