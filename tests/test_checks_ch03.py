@@ -382,3 +382,19 @@ def test_honest_styles_score_full_marks_through_the_grader():
     report = grade_json(folder, REPO / "solutions")
     full = possible(report)
     assert {key: scores(report)[key] for key in full} == full
+
+
+def test_the_milestone_writes_the_divergence_out_as_text():
+    """A cache that writes without its table writes a different sentence than the recompute: the
+    milestone's message shows both, and the token where they part."""
+    text = ch03.continuations.side_by_side(ch03.written_out(ch03.your_cache(WriteIgnoresTable), 4))
+    assert text.parted_at is not None
+    message = fails_with(ch03.check_cache_matches_scratch, WriteIgnoresTable,
+                         ["The trained tiny model writes it out: from-scratch: ", ", yours: ",
+                          f", token {text.parted_at}"])
+    assert str(text) in message
+
+
+def test_the_engine_writes_the_recompute_s_sentence():
+    text = ch03.continuations.side_by_side(ch03.written_out(ch03.your_cache(PagedKVCache), 4))
+    assert text.parted_at is None and str(text).startswith("from-scratch and yours both write 'The block table")

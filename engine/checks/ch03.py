@@ -14,8 +14,8 @@ import random
 import torch
 
 from engine.cache.errors import OutOfBlocks
-from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, chosen_letter, compare_logits, expect_equal,
-                           expect_raises, fail, passed, review_number, tiny, where_it_lives)
+from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, chosen_letter, compare_logits, continuations,
+                           expect_equal, expect_raises, fail, passed, review_number, shows_text, tiny, where_it_lives)
 from engine.checks.compose import naming_earlier, together
 from engine.seeded import seeded_tokens
 
@@ -690,6 +690,16 @@ def _diagnose(cls) -> str:
             "reads, and the length the last layer commits")
 
 
+def written_out(cls, block_size: int, seed: int = 0):
+    """A run for continuations: the trained model's prompt through the learner's composed cache class,
+    its free list scrambled as in the milestone (a cache that ignores its table writes elsewhere)."""
+    def make(config, tokens: int):
+        blocks = 2 * ceil_div(tokens, block_size) + 1
+        return cls(config, blocks, block_size=block_size, dtype=torch.float32, device="cpu",
+                   allocator=shuffled_allocator(blocks, seed), attention="reference")
+    return continuations.plain_run(make)
+
+
 @check
 def check_cache_matches_scratch(cls, *earlier, block_size: int = 4, seed: int = 0, steps: int = 20) -> None:
     """The decisive check: the tiny model through the learner's cache (`cls` with the earlier exercises'
@@ -733,8 +743,9 @@ def check_cache_matches_scratch(cls, *earlier, block_size: int = 4, seed: int = 
         for s, g, w in zip(active, got, want):
             n = len(new[s])
             close = g.shape == w[-n:].shape and bool((g - w[-n:]).abs().max() <= ATOL)
-            compare_logits(g, w[-n:], f"{stage}, sequence {s} ({len(seqs[s])} tokens)",
-                           first_position=len(seqs[s]) - n, hint=None if close else hint())
+            with shows_text(lambda: continuations.shown(written_out(cls, bs, seed))):
+                compare_logits(g, w[-n:], f"{stage}, sequence {s} ({len(seqs[s])} tokens)",
+                               first_position=len(seqs[s]) - n, hint=None if close else hint())
             if cache.length(s) != len(seqs[s]):
                 fail(f"{stage}: length({s})", len(seqs[s]), cache.length(s), hint())
 
