@@ -34,6 +34,7 @@ import torch
 
 from engine.course.sealed.host import (TRUSTED_PREFIX, _Capture, _error_output, _names_bound, _names_read,
                                 _stream_outputs, named)
+from engine.course.cells import python_source
 from engine.course.sealed import decide, kernels, likeness
 from engine.course.sealed.kernelbox import KernelBox, sandboxed_kernel
 from engine.course.sealed.remote import Channel, RemoteGone, TaughtBodyRefused, TooLarge, TooSlow
@@ -225,6 +226,7 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
         job = json.loads(line)
         source, kind, name = job["source"], job["kind"], job.get("name") or f"cell{seq}"
         if kind == "learner":
+            source = python_source(source)      # magics and !cmd as the code they hold, for both processes
             learner_cells.append(source)
             graded.update(graded_by_cell.get(name, {}))
             sources.update((bound, source) for bound in _names_bound(source))
