@@ -21,7 +21,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, expect_raises,
                            fail, passed, review_choice, review_number, served, tiny)
-from engine.checks.compose import naming_earlier, together
+from engine.checks.compose import naming_earlier, one_class
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -92,10 +92,7 @@ def your_pieces(*pieces, latest: str = "Evict"):
     if len(pieces) == 1:
         return pieces[0]
     start = next(i for i, label in enumerate(PIECES) if label.startswith(latest + " "))
-    made = together("YourPrefixCache", PIECES[start:start + len(pieces)], *pieces)
-    if isinstance(made, str):
-        raise CheckFailed(made)
-    return made
+    return one_class("YourPrefixCache", PIECES[start:start + len(pieces)], *pieces)
 
 
 def _naming_earlier(subject: str, latest: str, earlier):

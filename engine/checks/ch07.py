@@ -17,7 +17,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, expect_raises,
                            fail, passed, review_choice, review_number, served, tiny)
-from engine.checks.compose import naming_earlier, together
+from engine.checks.compose import naming_earlier, one_class
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -226,10 +226,7 @@ def your_scheduler(*classes, latest: str = "Sampling"):
     if len(classes) == 1:
         return classes[0]
     start = next(i for i, label in enumerate(SCHEDULERS) if label.startswith(latest + " "))
-    made = together("YourScheduler", SCHEDULERS[start:start + len(classes)], *classes)
-    if isinstance(made, str):
-        raise CheckFailed(made)
-    return made
+    return one_class("YourScheduler", SCHEDULERS[start:start + len(classes)], *classes)
 
 
 @check

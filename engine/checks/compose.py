@@ -47,6 +47,14 @@ def together(name: str, labels: tuple, *classes) -> type | str:
                 f"run it and the cells after it again")
 
 
+def one_class(name: str, labels: tuple, *classes) -> type:
+    """`together`'s class, where the checks run; its message as a CheckFailed when there is none."""
+    made = together(name, labels, *classes)
+    if isinstance(made, str):
+        raise CheckFailed(made)
+    return made
+
+
 @contextlib.contextmanager
 def naming_earlier(subject: str, earlier):
     """Around a check that runs the earlier exercises' methods too. `earlier`: (label, methods, probe) for
