@@ -206,12 +206,39 @@ BUGS = cases({   # the check of each exercise: the planted bugs it must name, wi
 })
 
 
-def test_truncate_is_checked_the_same_where_the_grader_runs_it():
-    """make grade holds the learner's class in another process: the same-list test runs there."""
-    with hosted(right=PagedKVCache, rebinds=TruncateRebinds, early=TruncateSameLengthReturns) as remote:
+# A truncate that cuts the table in place, written as learners write it: slice deletion, pops, a
+# slice assignment, clear-and-extend. Each keeps the list object, so each passes where it runs.
+TRUNCATES_IN_PLACE = {
+    "pop": "-    del table[keep:]\n+    while len(table) > keep:\n+        table.pop()",
+    "slice_assignment": "-    del table[keep:]\n+    table[:] = table[:keep]",
+    "clear_and_extend": "-    del table[keep:]\n+    kept = table[:keep]\n+    table.clear()\n+    table.extend(kept)",
+}
+
+
+def test_truncate_list_identity_is_the_notebooks_check_and_never_the_graders_word(monkeypatch):
+    """The classic bug (truncate into a new list) fails the check where the cache is the notebook's own,
+    with its hint. make grade holds the learner's class in another process, whose tables the judge
+    reads as data (copies): which list object holds a table cannot be seen there, so the grader
+    neither asks the host about it nor scores it. The rebinding truncate passes there; every other
+    part of the check still runs on the host's answers (an early return still fails), and the host is
+    asked to run none of the checks' helpers, so a host that would lie about the list has no say."""
+    import engine.course.sealed.host as host
+    fails_with(ch03.check_truncate, TruncateRebinds, ["the table list a caller took with table(",
+                                                      "cut the list in place"])
+    asked = []
+    monkeypatch.setattr(host, "named", lambda module, qualname: asked.append(qualname) or (lambda *a, **k: [0]))
+    in_place = {name: mutant(PagedKVCache, "truncate", diff, name=f"Truncate_{name}")
+                for name, diff in TRUNCATES_IN_PLACE.items()}
+    with hosted(right=PagedKVCache, rebinds=TruncateRebinds, early=TruncateSameLengthReturns,
+                **in_place) as remote:
         passes(ch03.check_truncate, remote["right"])
-        fails_with(ch03.check_truncate, remote["rebinds"], ["cut the list in place"])
+        passes(ch03.check_truncate, remote["rebinds"])
         fails_with(ch03.check_truncate, remote["early"], ["no early return"])
+        for name in in_place:
+            passes(ch03.check_truncate, remote[name])
+    assert asked == []
+    for cls in in_place.values():
+        passes(ch03.check_truncate, cls)
 
 
 @pytest.mark.parametrize("check, bug, words", BUGS, ids=by_name)

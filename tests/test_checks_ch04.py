@@ -235,8 +235,28 @@ def test_a_copy_that_is_never_repointed_is_not_blamed_on_fork():
         assert "fork must share" not in message and "repoint" in message, message
 
 
-def test_an_aliased_table_is_caught_where_the_grader_runs_it():
-    """make grade holds the learner's class in another process: the same-list test is asked there."""
-    with hosted(right=PagedKVCache, aliases=ForkAliasesTable) as remote:
+# fork's copy of the table, written as learners write it: each is a new list, so each passes.
+FORKS_COPYING = {"slice": "table = self.table(parent)[:]", "copy": "table = self.table(parent).copy()",
+                 "unpacked": "table = [*self.table(parent)]",
+                 "comprehension": "table = [block for block in self.table(parent)]"}
+
+
+def test_an_aliased_table_is_caught_by_what_the_judge_sees(monkeypatch):
+    """make grade holds the learner's class in another process, whose tables the judge reads as data: a
+    child's table that is the parent's list object shows there by behaviour (the child truncated, the
+    parent's table cut too), through the cache's own methods. The host is asked to run none of the
+    checks' helpers, so a host that would report "no aliasing" has no say; honest copies pass."""
+    import engine.course.sealed.host as host
+    asked = []
+    monkeypatch.setattr(host, "named", lambda module, qualname: asked.append(qualname) or (lambda *a, **k: []))
+    copying = {name: mutant(PagedKVCache, "fork", f"-    table = list(self.table(parent))\n+    {line}",
+                            name=f"Fork_{name}") for name, line in FORKS_COPYING.items()}
+    with hosted(right=PagedKVCache, aliases=ForkAliasesTable, **copying) as remote:
         passes(ch04.check_fork_shares, remote["right"])
-        fails_with(ch04.check_fork_shares, remote["aliases"], ["same list object", "list(table)"])
+        fails_with(ch04.check_fork_shares, remote["aliases"], ["same list object", "list(table)",
+                                                               "truncate(11, 1)"])
+        for name in copying:
+            passes(ch04.check_fork_shares, remote[name])
+    assert asked == []
+    for cls in copying.values():
+        passes(ch04.check_fork_shares, cls)

@@ -15,7 +15,7 @@ import torch
 
 from engine.cache.errors import OutOfBlocks
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, chosen_letter, compare_logits, continuations,
-                           expect_equal, expect_raises, fail, passed, review_number, shows_text, tiny, where_it_lives)
+                           expect_equal, expect_raises, fail, passed, review_number, shows_text, tiny)
 from engine.checks.compose import naming_earlier, one_class
 from engine.seeded import seeded_tokens
 
@@ -596,13 +596,19 @@ def _truncate_table_hint(got: list[int], keep: int, length: int, bs: int, reserv
     return "keep the first ceil(length / bs) entries, in order, and drop the rest"
 
 
-@where_it_lives
 def truncate_holding_the_table(cache, seq: int, length: int) -> list[int]:
     """cache.truncate(seq, length) while a caller holds the table list it took before; what that list
-    reads afterwards. (Run where the cache lives: only there is the list the cache's own object.)"""
+    reads afterwards. Only for a cache of this process: see _seen_as_data."""
     held = cache.tables[seq]
     cache.truncate(seq, length)
     return list(held)
+
+
+def _seen_as_data(cache) -> bool:
+    """Whether `cache` lives in another process (the grader's host): the grader's judge reads its tables
+    as data, copies, so which list object holds a table cannot be seen there, and is not scored (the
+    notebook's own run of the check, where the cache is in the same process, shows the classic bug)."""
+    return hasattr(type(cache), "call_there")
 
 
 def _check_one_truncate(cache, seq: int, n: int, length: int, reserved: int) -> None:
@@ -614,7 +620,11 @@ def _check_one_truncate(cache, seq: int, n: int, length: int, reserved: int) -> 
     cache.set_length(seq, n)
     table = list(cache.tables[seq])
     free = cache.allocator.num_free
-    held = truncate_holding_the_table(cache, seq, length)
+    if _seen_as_data(cache):
+        cache.truncate(seq, length)
+        held = None
+    else:
+        held = truncate_holding_the_table(cache, seq, length)
     keep = ceil_div(length, bs)
     what = f"truncate({seq}, {length}) of a {n}-token sequence" + (
         f" with room reserved for {reserved} more" if reserved else "") + f", table {table} (bs {bs})"
@@ -623,7 +633,7 @@ def _check_one_truncate(cache, seq: int, n: int, length: int, reserved: int) -> 
         fail(f"{what} removed its table", hint="truncate keeps the sequence (even at length 0); only free forgets it")
     if list(got) != table[:keep]:
         fail(f"{what}: its table", table[:keep], list(got), _truncate_table_hint(list(got), keep, length, bs, reserved))
-    if held != table[:keep]:
+    if held is not None and held != table[:keep]:
         fail(f"{what}: the table list a caller took with table({seq}) before the truncate still reads",
              table[:keep], held, "cut the list in place (del table[keep:]): self.tables[seq] = table[:keep] "
              "makes a new list, and whoever holds the old one still sees blocks already released")
@@ -656,7 +666,8 @@ def _check_truncate(cls, block_size: int, seed: int) -> None:
     for seq, (n, length, reserved, shows) in enumerate(cases):
         _check_one_truncate(cache, seq, n, length, reserved)
         proved.note(shows)
-    proved.note("the table stays the same list object")
+    if not _seen_as_data(cache):
+        proved.note("the table stays the same list object")
     seq = len(cases)
     _hold(cache, seq, bs + 2)
     before = _state(cache)
