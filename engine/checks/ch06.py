@@ -368,13 +368,13 @@ def run_decode(kernel, case: dict) -> torch.Tensor:
     from engine.attention.triton_decode import paged_decode_per_head
     dev = _device()
     args = [case[name].to(dev) for name in ("q", "k_pool", "v_pool", "block_tables", "q_positions", "kv_lens")]
-    with _table_reads_past_rows(args[3], case) as past:
+    with _table_reads_past_rows(kernel, args[3], case) as past:
         out = launch(paged_decode_per_head, *args, kernel=kernel, block_n=case["block_n"])[:, :, 0].cpu()
     if past and _close(out, reference(case), case):
-        (row, column), counts = past[0], [ceil_div(n, case["k_pool"].shape[2]) for n in case["kv_lens"].tolist()]
+        (row, column), counts = past[0], _blocks_per_row(case)
         fail(f"your paged decode kernel ({_describe(case)}) read block-table entries past a row's last block: "
              f"row {row} has {counts[row]} block(s) for its {int(case['kv_lens'][row])} tokens, and the kernel "
-             f"loaded its column {column} ({len(past)} such reads in all)", hint=UNMASKED_TABLE)
+             f"loaded its column {column} ({len(past)} such entries in all)", hint=UNMASKED_TABLE)
     return out
 
 
@@ -384,36 +384,58 @@ UNMASKED_TABLE = ("the block-table load has no mask: the last tile's positions p
                   "table with the positions' mask too: tl.load(..., mask=valid, other=0)")
 
 
+def _blocks_per_row(case: dict) -> list[int]:
+    return [ceil_div(n, case["k_pool"].shape[2]) for n in case["kv_lens"].tolist()]
+
+
 @contextlib.contextmanager
-def _table_reads_past_rows(table: torch.Tensor, case: dict):
-    """Under Triton's interpreter, around one launch: yields a list that fills, as the launch runs, with the
-    (row, column) of each block-table entry the kernel loaded (mask on) past its row's last block. A
-    compiled launch is not watched (the list stays empty)."""
+def _table_reads_past_rows(kernel, table: torch.Tensor, case: dict):
+    """Around one launch in Triton's interpreter: yields a list that holds, once the launch is over, the
+    (row, column) of each block-table entry the kernel loaded (mask on) past its row's last block, in
+    row order. The kernel's loads are watched where it runs: here, or in the grader's kernel process
+    (its `loads_of`, which reports the bytes it loaded; engine.course.sealed.kernelbox). A compiled
+    launch is not watched (the list stays empty)."""
     past: list[tuple[int, int]] = []
-    if os.environ.get("TRITON_INTERPRET") != "1" or table.device.type != "cpu":
+    counts = torch.tensor(_blocks_per_row(case))
+    loads_of = getattr(type(kernel), "loads_of", None)      # the judge's own kernel object, never the host's
+    if loads_of is not None:
+        with loads_of(kernel, table) as loads:
+            yield past
+        read = loads.read().cpu()
+    elif os.environ.get("TRITON_INTERPRET") != "1" or table.device.type != "cpu":
         yield past
         return
+    else:
+        with _interpreter_loads(table) as flags:
+            yield past
+        read = flags.as_strided(tuple(table.shape), tuple(table.stride()), table.storage_offset())
+    rows, columns = read.nonzero(as_tuple=True)
+    beyond = columns >= counts[rows]
+    past.extend(zip(rows[beyond].tolist(), columns[beyond].tolist()))
+
+
+@contextlib.contextmanager
+def _interpreter_loads(table: torch.Tensor):
+    """Yields a flag per element of `table`'s storage, set as a launch in this process's interpreter
+    loads (mask on) that element."""
     import numpy as np
     from triton.runtime import interpreter
     builder = interpreter.interpreter_builder
-    base, item, (rows, width) = table.data_ptr(), table.element_size(), table.shape
-    counts = np.array([ceil_div(n, case["k_pool"].shape[2]) for n in case["kv_lens"].tolist()])
+    base, item = table.untyped_storage().data_ptr(), table.element_size()
+    flags = torch.zeros(table.untyped_storage().nbytes() // item, dtype=torch.bool)
+    marks = flags.numpy()
     load = builder.create_masked_load
 
     def watched(ptrs, mask, *rest):
         addresses = np.asarray(ptrs.data).astype(np.int64, copy=False)
         on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
-        index = (addresses[on] - base) // item
-        inside = index[(index >= 0) & (index < rows * width)]
-        row, column = inside // width, inside % width
-        beyond = column >= counts[row]
-        if beyond.any() and len(past) < 64:
-            past.extend(zip(row[beyond].tolist(), column[beyond].tolist()))
+        elements = (addresses[on] - base) // item
+        marks[elements[(elements >= 0) & (elements < len(marks))]] = True
         return load(ptrs, mask, *rest)
 
     builder.create_masked_load = watched
     try:
-        yield past
+        yield flags
     finally:
         vars(builder).pop("create_masked_load", None)
 

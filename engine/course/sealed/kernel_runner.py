@@ -7,6 +7,13 @@ engine.course.sealed.kernels, its constants, the grid, the arguments with each t
 a storage, the storages' bytes); the reply is every storage's bytes after the launch, or the error
 as plain strings. The judge (engine.course.sealed.kernelbox) trusts nothing it says beyond bytes of
 the sizes it sent.
+
+A launch may ask for the loads of some storages to be watched (`watch`: their indices). In Triton's
+interpreter every load passes through one builder method, which this process wraps for the launch:
+for each watched storage the reply carries, after the storages, one byte per byte of it, 1 where a
+load with its mask on began. That is all a watch reports: which bytes the kernel read. What they
+mean (an entry past a block-table row's end) is for the judge to say; a compiled launch is not
+watched (its bytes stay 0), as in the lab.
 """
 import builtins
 import json
@@ -59,6 +66,37 @@ def _not_implemented(error: BaseException) -> bool:
     return False
 
 
+class LoadWatch:
+    """During a launch in the interpreter: which bytes of the watched storages the kernel's loads read."""
+
+    def __init__(self, builder, storages: list, watched: list):
+        import numpy as np
+        self.np, self.builder = np, builder
+        self.spans = [(s.data_ptr(), s.nbytes(), np.zeros(s.nbytes(), dtype=np.uint8))
+                      for s in (storages[i].untyped_storage() for i in watched)]
+
+    def __enter__(self):
+        if self.spans:
+            load = self.builder.create_masked_load
+            np, spans = self.np, self.spans
+
+            def watched(ptrs, mask, *rest):
+                addresses = np.asarray(ptrs.data).astype(np.int64, copy=False)
+                on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+                read = addresses[on]
+                for base, size, marks in spans:
+                    marks[read[(read >= base) & (read < base + size)] - base] = 1
+                return load(ptrs, mask, *rest)
+            self.builder.create_masked_load = watched
+        return self
+
+    def __exit__(self, *exc):
+        vars(self.builder).pop("create_masked_load", None)
+
+    def marks(self) -> list:
+        return [marks.tobytes() for _, _, marks in self.spans]
+
+
 def main() -> None:
     protocol_in = os.fdopen(os.dup(0), "rb", buffering=0)
     protocol_out = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -73,6 +111,8 @@ def main() -> None:
     import triton
     import triton.language as tl
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        from triton.runtime.interpreter import interpreter_builder
     built: dict = {}
     _send(protocol_out, {"ready": True, "device": device}, [])
     while True:
@@ -107,10 +147,16 @@ def main() -> None:
                 return spec
             args = [value(a) for a in request["args"]]
             kwargs = {k: value(v) for k, v in request["kwargs"].items()}
-            built[key][tuple(request["grid"])](*args, **kwargs)
-            if device == "cuda":
+            watched = sorted({i for i in request.get("watch", []) if type(i) is int and 0 <= i < len(storages)})
+            if device == "cpu":
+                with LoadWatch(interpreter_builder, storages, watched) as watch:
+                    built[key][tuple(request["grid"])](*args, **kwargs)
+                marks = watch.marks()
+            else:
+                built[key][tuple(request["grid"])](*args, **kwargs)
                 torch.cuda.synchronize()
-            _send(protocol_out, {"ok": True}, [s.cpu().numpy().tobytes() for s in storages])
+                marks = [bytes(storages[i].numel()) for i in watched]
+            _send(protocol_out, {"ok": True}, [s.cpu().numpy().tobytes() for s in storages] + marks)
         except BaseException as error:  # noqa: BLE001 - every failure goes back as text
             _send(protocol_out, {"error": {"type": type(error).__name__[:60], "message": str(error)[:4000],
                                            "line": _kernel_line(error, filename),

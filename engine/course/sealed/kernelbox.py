@@ -10,9 +10,16 @@ through pointers, past its view too), and comes back as exactly as many bytes, w
 copies into its own tensors; nothing else of the reply is believed but an error's type name,
 message and kernel line, as text. A launch past the cell's wall-clock time or a process that
 crashed fails that launch, and the next one starts a fresh process.
+
+A check may watch a tensor's loads (`SandboxedKernel.loads_of`, as the lab's check watches the
+interpreter's own): the launch then asks the kernel process for one byte per byte of that storage,
+1 where a load began, exactly that many bytes more, and the check reads from them which entries the
+kernel read. That is the kernel process's word, so it only ever fails a kernel: a process that hid
+its reads would earn what an honest kernel earns, never more.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import linecache
 import os
@@ -46,6 +53,7 @@ class KernelBox:
         self.process: subprocess.Popen | None = None
         self.deadline: float | None = None      # the wall clock of the cell being judged (monotonic)
         self.launches = 0
+        self.watches: list[Loads] = []          # the tensors whose loads the launches now report
 
     def _start(self) -> None:
         if not self.argv:
@@ -93,6 +101,9 @@ class KernelBox:
                 "kwargs": {str(k): spec(v, k) for k, v in kwargs.items()}}
         blobs = [_bytes(s) for s in storages]
         sent["storages"] = [len(b) for b in blobs]
+        watched = {keys[w.key]: w for w in self.watches if w.key in keys}
+        sent["watch"] = sorted(watched)
+        expected = sum(sent["storages"]) + sum(sent["storages"][i] for i in sent["watch"])
         if self.process is None or self.process.poll() is not None:
             self._start()
         self.launches += 1
@@ -103,7 +114,7 @@ class KernelBox:
         except OSError:
             self.stop()
             raise KernelProcessError("the kernel process ended before the launch (it crashed)") from None
-        reply, back = self._reply(expected=sum(sent["storages"]))
+        reply, back = self._reply(expected=expected)
         if "error" in reply:
             raise _kernel_error(program, reply["error"])
         if reply != {"ok": True}:
@@ -113,6 +124,21 @@ class KernelBox:
         for storage, size in zip(storages, sent["storages"]):
             _write(storage, back[at:at + size])
             at += size
+        for index in sent["watch"]:
+            size = sent["storages"][index]
+            watched[index].add(back[at:at + size])
+            at += size
+
+    @contextlib.contextmanager
+    def watching(self, tensor: torch.Tensor):
+        """Within it, every launch on `tensor`'s storage reports which of its bytes the kernel loaded
+        (the kernel process's word: for failing a kernel, never for passing one)."""
+        loads = Loads(tensor)
+        self.watches.append(loads)
+        try:
+            yield loads
+        finally:
+            self.watches.remove(loads)
 
     def _reply(self, expected: int) -> tuple[dict, bytes]:
         """The next reply: a small JSON object, then either no bytes or exactly `expected`."""
@@ -121,7 +147,8 @@ class KernelBox:
             if json_size > MAX_REPLY_JSON or blob_size not in (0, expected):
                 raise KernelProcessError(f"the kernel process sent a reply of {json_size} + {blob_size} bytes "
                                          f"(a launch's reply is at most {MAX_REPLY_JSON} bytes of text and "
-                                         f"exactly the {expected} bytes of the tensors it was sent)")
+                                         f"exactly the {expected} bytes asked for: the tensors it was sent, "
+                                         f"and what the kernel loaded of a watched one)")
             reply = json.loads(self._read(json_size))
             back = self._read(blob_size)
             if not isinstance(reply, dict) or (blob_size and reply != {"ok": True}):
@@ -145,6 +172,29 @@ class KernelBox:
             chunks.append(chunk)
             left -= len(chunk)
         return b"".join(chunks)
+
+
+class Loads:
+    """What the launches within `KernelBox.watching` loaded of one tensor's storage."""
+
+    def __init__(self, tensor: torch.Tensor):
+        storage = tensor.untyped_storage()
+        self.tensor = tensor
+        self.key = (storage.data_ptr(), storage.nbytes(), str(tensor.device))
+        self.marks = torch.zeros(storage.nbytes(), dtype=torch.bool)
+
+    def add(self, data: bytes) -> None:
+        if data:
+            self.marks |= torch.frombuffer(bytearray(data), dtype=torch.uint8).bool()
+
+    def read(self) -> torch.Tensor:
+        """Booleans of the tensor's shape: True where a load read any byte of that element."""
+        item, view = self.tensor.element_size(), self.tensor
+        usable = self.marks.numel() // item * item
+        elements = self.marks[:usable].view(-1, item).any(dim=1)
+        if view.numel() == 0:
+            return torch.zeros(view.shape, dtype=torch.bool)
+        return elements.as_strided(tuple(view.shape), tuple(view.stride()), view.storage_offset())
 
 
 class Program:
@@ -173,6 +223,11 @@ def sandboxed_kernel(box: KernelBox, program: Program):
                 return None
             box.launch(program, grid, args, kwargs)
             return None
+
+        def loads_of(self, tensor: torch.Tensor):
+            """A context whose launches report which elements of `tensor` the kernel loaded
+            (KernelBox.watching): `.read()` after it."""
+            return box.watching(tensor)
 
         def __repr__(self):
             return f"<your kernel {program.name}, launched in the kernel process>"
@@ -216,8 +271,11 @@ def _kernel_error(program: Program, error) -> Exception:
         made = type(name[:60], (RuntimeError,), {"__module__": "kernel process"})(message)
     line = error.get("line")
     if type(line) is int and 0 < line <= len(program.text.splitlines()):
-        try:       # the judge's own one-line raise, placed at that line of the kernel's file name
-            exec(compile("\n" * (line - 1) + "raise made", program.filename, "exec"), {"made": made})
+        code = compile("\n" * (line - 1) + "raise made", program.filename, "exec")
+        code = code.replace(co_name=program.name, **({"co_qualname": program.name}
+                                                     if hasattr(code, "co_qualname") else {}))
+        try:       # the judge's own one-line raise, placed at that line of the kernel's file, named as it
+            exec(code, {"made": made})
         except type(made) as raised:
             wrapper = RuntimeError(f"your kernel raised {name}: {message}")
             wrapper.__cause__ = raised
