@@ -25,8 +25,7 @@ import traceback
 import torch
 
 from engine.attention import triton_installed
-from engine.checks import (ATOL, Proved, ceil_div, check, compare_logits, expect_equal, fail, one_thread, passed,
-                           where_it_lives)
+from engine.checks import ATOL, Proved, ceil_div, check, compare_logits, expect_equal, fail, one_thread, passed
 from engine.seeded import seeded_tokens
 
 NO_TRITON = ("Triton is not available on this platform (it ships Linux wheels only), so this kernel "
@@ -46,13 +45,17 @@ def _device() -> torch.device:
     return torch.device("cpu" if interpreted else "cuda")
 
 
-@where_it_lives
 def launch(fn, *args, **kwargs):
-    """Call a launcher; a stub kernel's NotImplementedError comes back as itself.
+    """Call a launcher here, where the check runs; a stub kernel's NotImplementedError comes back as itself.
 
     Triton's interpreter wraps an exception raised inside a kernel in an InterpreterError, and the
     compiler refuses a `raise` outright; either way the learner should read "not implemented yet".
+    Under the grader the checks get the judge's own kernel (built from the cell's text and launched in
+    the kernel process, engine.course.sealed.kernelbox); an object of the notebook's process is never
+    launched, nor handed a launch to run where it lives: the check fails (NOT_FROM_TEXT).
     """
+    if any(hasattr(type(value), "call_there") for value in (*args, *kwargs.values())):
+        fail(NOT_FROM_TEXT)
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
@@ -80,6 +83,10 @@ def launch(fn, *args, **kwargs):
         raise
 
 
+NOT_FROM_TEXT = ("your kernel reached the check as an object of your notebook's process, not as a kernel "
+                 "written in its exercise cell: the grader launches only a kernel it reads from your cell's "
+                 "text. Hint: define it in its exercise cell with def, in Triton's language (@triton.jit above "
+                 "it is fine), and do not rebind its name in another cell")
 _ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SHAPES = re.compile(r"incompatible dimensions at index (\d+): (\d+) and (\d+)")
 
@@ -243,11 +250,10 @@ def _gather_bugs(x_buf, idx_buf, rows, cols, block_rows, out_shape):
     return right, bugs
 
 
-@where_it_lives
 def launch_gather(kernel, x_buf, idx_buf, out_buf, rows: int, cols: int, block_rows: int) -> torch.Tensor:
     """Launch `gather_rows` on views of the guarded buffers and return the whole out buffer. The views are
-    cut where the kernel runs, so a write outside out[:rows, :cols] shows even when the kernel lives in
-    another process (the grader's host sends back only the tensors it was handed, whole)."""
+    cut on the device the kernel runs on; a write outside out[:rows, :cols] shows in the buffer (the
+    grader's kernel process sends back each tensor's whole storage)."""
     from engine.attention.triton_primer import gather_rows
     dev = _device()
     x_dev, idx_dev, out_dev = x_buf.to(dev), idx_buf.to(dev), out_buf.to(dev)
