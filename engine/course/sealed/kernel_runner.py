@@ -81,9 +81,11 @@ class LoadWatch:
             np, spans = self.np, self.spans
 
             def watched(ptrs, mask, *rest):
-                addresses = np.asarray(ptrs.data).astype(np.int64, copy=False)
-                on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
-                read = addresses[on]
+                try:           # a load the interpreter refuses raises its own error below, not the watch's
+                    addresses = np.asarray(ptrs.data).astype(np.int64, copy=False)
+                    read = addresses[np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)]
+                except (ValueError, TypeError, AttributeError):
+                    read = np.zeros(0, dtype=np.int64)
                 for base, size, marks in spans:
                     marks[read[(read >= base) & (read < base + size)] - base] = 1
                 return load(ptrs, mask, *rest)
