@@ -32,11 +32,12 @@ class RMSNorm(nn.Module):
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [B, 1, T, D] of the rotary angles at positions [B, T], each half-width row written
-    twice (dimension i and i + D/2 turn by the same angle); every layer shares them."""
+    twice (dimension i and i + D/2 turn by the same angle), the sin's first half negated (see apply_rope);
+    every layer shares them."""
     inv_freq = inverse_frequencies(head_dim, theta, positions.device)
     angles = positions.clamp(min=0).float()[:, None, :, None] * inv_freq          # [B, 1, T, D/2]
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
 @functools.lru_cache(maxsize=16)
@@ -48,18 +49,18 @@ def inverse_frequencies(head_dim: int, theta: float, device: torch.device) -> to
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, H, T, D] by precomputed angles (the half-split convention): the pair (x1, x2) becomes
-    (x1 cos - x2 sin, x2 cos + x1 sin), computed whole-width as x cos + (-x2, x1) sin, in fewer ops."""
-    half, wide = x.shape[-1] // 2, x.float()
-    turned = torch.cat([-wide[..., half:], wide[..., :half]], dim=-1)
-    return (wide * cos + turned * sin).to(x.dtype)
+    """Rotate x [B, H, T, D] by the angles of rope_angles (the half-split convention): the pair (x1, x2)
+    becomes (x1 cos - x2 sin, x2 cos + x1 sin). Whole-width that is x cos + (x2, x1) (-sin, sin): the
+    halves swapped by one roll, times the sin whose first half rope_angles negated (bit-identical to
+    transformers' x cos + rotate_half(x) sin, in fewer ops)."""
+    wide = x.float()
+    return (wide * cos + wide.roll(x.shape[-1] // 2, dims=-1) * sin).to(x.dtype)
 
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               joint: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """apply_rope on q and k. `joint` rotates them as one tensor (the same numbers, as views): on a GPU,
-    where each op is a kernel launch, that is 7 launches fewer per layer; on a CPU it measured no faster,
-    and separate calls keep q contiguous for the fused attention."""
+    """apply_rope on q and k, separately or (`joint`) as one tensor: the same numbers. The model's
+    attention rotates them jointly, as the heads of one projection (Attention.forward)."""
     if not joint:
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     qk = apply_rope(torch.cat([q, k], dim=1), cos, sin)
@@ -69,6 +70,30 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary position embedding of x [B, H, T, D] at positions [B, T] (the half-split convention)."""
     return apply_rope(x, *rope_angles(positions, x.shape[-1], theta))
+
+
+def derived(owner: nn.Module, name: str, make, *sources: torch.Tensor) -> torch.Tensor:
+    """make(*sources), kept on `owner` until a source changes (written in place, replaced, moved or cast).
+
+    For tensors made from the checkpoint's weights (a fused projection), so the checkpoint keeps
+    Hugging Face's layout and a changed weight (a test, a check) is never read stale.
+    """
+    key = [(id(t), version(t), t.data_ptr()) for t in sources]
+    kept = owner.__dict__.get(name)
+    if kept is not None and kept[0] == key:
+        return kept[2]
+    with torch.inference_mode(False), torch.no_grad():   # a normal tensor, usable in and out of inference mode
+        made = make(*sources)
+    owner.__dict__[name] = (key, sources, made)          # the sources held, so no other tensor takes their ids
+    return made
+
+
+def version(t: torch.Tensor) -> int | None:
+    """How many times t was written in place (None for an inference tensor, which keeps no count)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 class Attention(nn.Module):
@@ -86,12 +111,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None, rope=None) -> torch.Tensor:
         """rope: (cos, sin) from rope_angles, computed once per forward; None computes them here."""
-        cfg, (batch, tokens, _) = self.cfg, x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, tokens, cfg.num_heads, cfg.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(batch, tokens, cfg.num_kv_heads, cfg.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(batch, tokens, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        cfg = self.cfg
+        qk, v = self.project_qkv(x).split([cfg.num_heads + cfg.num_kv_heads, cfg.num_kv_heads], dim=2)
         cos, sin = rope if rope is not None else rope_angles(positions, cfg.head_dim, cfg.rope_theta)
-        q, k = rotate_qk(q, k, cos, sin, joint=q.is_cuda)
+        qk = apply_rope(self.norm_qk(qk).transpose(1, 2), cos, sin)     # q and k heads, normed and rotated
+        q, k, v = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:], v.transpose(1, 2)
         if cache is None:                      # from scratch: the batch is the whole history
             out = attention(q, k, v, positions, (positions >= 0).sum(-1))
         elif hasattr(cache, "attend"):         # the cache brings its own attention (e.g. a paged kernel)
@@ -100,6 +124,23 @@ class Attention(nn.Module):
             keys, values, kv_lens = cache.update(self.layer, k, v, positions)
             out = attention(q, keys, values, positions, kv_lens)
         return self.o_proj(out.transpose(1, 2).flatten(2))
+
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """q, k and v heads side by side, [B, T, Hq + 2 Hkv, D]: one matrix product with the three
+        weights stacked (made once, remade if a weight changes), not three."""
+        weight = derived(self, "_qkv_weight", lambda *w: torch.cat(w), self.q_proj.weight, self.k_proj.weight,
+                         self.v_proj.weight)
+        return nn.functional.linear(x, weight).unflatten(-1, (-1, self.cfg.head_dim))
+
+    def norm_qk(self, qk: torch.Tensor) -> torch.Tensor:
+        """Qwen3's per-head RMSNorm of the q heads (q_norm's weight) and the k heads (k_norm's) of
+        qk [..., Hq + Hkv, D], as one norm and one multiply by their weights stacked head by head
+        (the same numbers as q_norm(q), k_norm(k))."""
+        cfg = self.cfg
+        weight = derived(self, "_qk_norm_weight", lambda wq, wk: torch.cat(
+            [wq.expand(cfg.num_heads, -1), wk.expand(cfg.num_kv_heads, -1)]), self.q_norm.weight, self.k_norm.weight)
+        normed = torch.rms_norm(qk.float(), (cfg.head_dim,), eps=self.q_norm.eps).to(qk.dtype)
+        return weight * normed
 
 
 class MLP(nn.Module):
@@ -164,8 +205,8 @@ class Qwen3Model(nn.Module):
         rope = rope_angles(positions, self.config.head_dim, self.config.rope_theta)
         for layer in self.layers:
             x = layer(x, positions, cache, rope)
-        if only is not None:
-            x = x[torch.arange(x.shape[0], device=x.device), only]
+        if only is not None:                   # a decode batch (one column) needs no index
+            x = x[:, 0] if x.shape[1] == 1 else x[torch.arange(x.shape[0], device=x.device), only]
         return self.lm_head(self.norm(x)).float()
 
 

@@ -43,6 +43,25 @@ def test_a_wrong_weight_is_noticed(tmp_path):
     assert (scratch_logits(ours, [ids])[0] - hf_logits(path, ids)).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("weight", ["q_proj", "v_proj", "k_norm"])
+def test_a_weight_changed_after_a_forward_is_read_fresh(tmp_path, weight):
+    """The stacked q/k/v projection and q/k norm weights are made at the first forward; a weight written
+    in place afterwards is read fresh (the stack is remade), as transformers reads it."""
+    path = write_tiny_checkpoint(tmp_path, seed=3)
+    ours = load_model(path)
+    ids = list(range(40, 60))
+    before = scratch_logits(ours, [ids])[0]
+    with torch.no_grad():
+        getattr(ours.layers[1].self_attn, weight).weight[0] += 0.5
+    theirs = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        getattr(theirs.model.layers[1].self_attn, weight).weight[0] += 0.5
+        expected = theirs.eval()(torch.tensor([ids])).logits[0]
+    got = scratch_logits(ours, [ids])[0]
+    assert (got - before).abs().max() > 1e-3
+    assert (got - expected).abs().max() <= 1e-5
+
+
 def test_the_trained_model_matches_transformers():
     """The committed trained checkpoint (bfloat16 on disk, float32 here) too, on the course's words."""
     ids = list(b"The block table maps each sequence's logical blocks to physical ones.")
