@@ -282,17 +282,19 @@ def write_engine(out: Path, root: Path, every: dict[str, Path], unlock: list[str
 
 def host_engine(chapter_path: Path, root: Path | None = None) -> Path | None:
     """The folder whose engine the grader's host (the process running a learner's cells) imports for
-    this chapter: the chapters before it whole, this chapter's and later ones' taught bodies stubbed, so
-    learner code finds no reference of what it is graded on. Built once per engine and chapter version
-    (under build/host-engines); None for a file that is not a chapter's, or where the repository has no
-    solutions/ (a student edition, whose engine is stubbed already)."""
+    this chapter: the chapters before it whole, this chapter's and later ones' taught bodies stubbed, and
+    of the checks only what the chapter's own cells use there (host_checks: the checks run in the judge),
+    so learner code finds no reference of what it is graded on, under any name. Built once per engine,
+    chapter and version of this file (under build/host-engines); None for a file that is not a
+    chapter's, or where the repository has no solutions/ (a student edition, whose engine is stubbed
+    already)."""
     root = root or repo_root()
     if not (root / "solutions").is_dir() or not CHAPTER_PATTERN.match(Path(chapter_path).stem):
         return None
     every = {assignment_id(path): path for path in chapter_files(root / "solutions")}
     chapter = assignment_id(chapter_path)
     every.setdefault(chapter, Path(chapter_path))    # a chapter from elsewhere (a test's): its bodies too
-    digest = hashlib.sha256(chapter.encode())
+    digest = hashlib.sha256(chapter.encode() + Path(__file__).read_bytes())   # and how it is cut
     for path in sorted([*(root / "engine").rglob("*.py"), *every.values()]):
         if "__pycache__" not in path.parts:
             name = path.relative_to(root) if path.is_relative_to(root) else path
@@ -303,6 +305,7 @@ def host_engine(chapter_path: Path, root: Path | None = None) -> Path | None:
     home.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=home.parent, prefix=f"{home.name}.partial-"))
     write_engine(partial, root, every, [c for c in every if c < chapter])
+    host_checks(partial / "engine" / "checks", chapter_cell_uses([every[chapter]], root))
     compileall.compile_dir(str(partial), quiet=1)   # the sandbox cannot write bytecode next to it
     try:
         partial.rename(home)
@@ -403,3 +406,203 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ----------------------------------------------------------------------------- the host's checks
+
+CHECKS = "engine.checks"
+# Helpers of the checks whose answers the chapter's own cells print in the host, and that compute a
+# graded exercise's answer (kv_bytes_reference is Exercise 8.2's): the host gets their values for the
+# calls those cells make, as a table, never the code.
+TABULATED = {("engine.checks.ch08", "kv_bytes_reference"): "_kv_bytes_calls"}
+
+
+def _kv_bytes_calls():
+    """The calls chapter 8's cells make of kv_bytes_reference: every published config, 1 and 2 bytes."""
+    from engine.checks import ch08
+    for name in ch08.CONFIG_FILES:
+        hf = ch08.load_hf(name)
+        yield (hf,), {}
+        for size in (1, 2):
+            yield (hf, size), {}
+            yield (hf,), {"dtype_bytes": size}
+
+
+def _call_key(args, kwargs) -> str:
+    import json
+    return json.dumps([list(args), kwargs], sort_keys=True)
+
+
+def _checks_modules(checks_dir: Path) -> dict[str, ast.Module]:
+    """{module name: its syntax tree} of every module of engine/checks."""
+    return {CHECKS if path.stem == "__init__" else f"{CHECKS}.{path.stem}": ast.parse(path.read_text())
+            for path in sorted(checks_dir.glob("*.py"))}
+
+
+def _imported_names(tree: ast.AST, modules) -> dict[str, tuple[str, str | None]]:
+    """{name bound by an import anywhere in `tree`: (module of the checks, name in it or None for the
+    module itself)}."""
+    found: dict[str, tuple[str, str | None]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith(CHECKS):
+            for alias in node.names:
+                whole = f"{node.module}.{alias.name}"
+                found[alias.asname or alias.name] = (whole, None) if whole in modules else (node.module, alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(CHECKS) and alias.asname and alias.name in modules:
+                    found[alias.asname] = (alias.name, None)
+    return found
+
+
+def _dotted(node) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _references(node, module: str, defined: dict, imported: dict, modules) -> set[tuple[str, str]]:
+    """(module, name) of every definition of the checks that `node`'s code names."""
+    found = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            if sub.id in defined:
+                found.add((module, sub.id))
+            elif sub.id in imported and imported[sub.id][1] is not None:
+                found.add(imported[sub.id])
+        elif isinstance(sub, ast.Attribute):
+            dotted = _dotted(sub.value)
+            if dotted is None:
+                continue
+            head, _, rest = dotted.partition(".")
+            target = imported.get(head, (None, "x"))
+            if target[1] is None and not rest:
+                found.add((target[0], sub.attr))          # ch03.utilization, compose.together
+            elif dotted in modules:
+                found.add((dotted, sub.attr))             # engine.checks.ch03.utilization
+    return found
+
+
+def chapter_cell_uses(chapter_paths, root: Path) -> set[tuple[str, str]]:
+    """(module of the checks, name) of everything the chapters' own cells other than their tests use
+    from the checks: what those cells need in the grader's host, where they run."""
+    import jupytext
+
+    from .cells import is_locked, is_solution, is_test
+    from .sealed.decide import parse
+    modules = {CHECKS} | {f"{CHECKS}.{p.stem}" for p in (root / "engine" / "checks").glob("*.py")}
+    used: set[tuple[str, str]] = set()
+    for path in chapter_paths:
+        imported: dict = {}                     # what the chapter's cells import, from the first on
+        for cell in jupytext.read(path, fmt="py:percent" if Path(path).suffix == ".py" else None).cells:
+            if cell.cell_type != "code" or is_test(cell) or is_solution(cell) or not is_locked(cell):
+                continue
+            tree = parse(cell.source)
+            if tree is not None:
+                imported.update(_imported_names(tree, modules))
+                used |= {target for target in imported.values() if target[1] is not None}
+                used |= _references(tree, "", {}, imported, modules)
+    return used
+
+
+def _definitions(tree: ast.Module) -> dict[str, ast.AST]:
+    """{name: node} of a module's top-level functions, classes and constants (an assignment to names only)."""
+    found: dict[str, ast.AST] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if all(isinstance(t, ast.Name) and not t.id.startswith("__") for t in targets):
+                found.update((t.id, node) for t in targets)
+    return found
+
+
+def host_checks(checks_dir: Path, roots: set[tuple[str, str]]) -> list[str]:
+    """Cut `checks_dir` (a copy of engine/checks in a host engine) down to what the host runs: the
+    definitions `roots` name ((module, name): the chapters' own cells' uses), the checks' helpers that
+    run where the learner's objects live (engine.checks.where_it_lives), and every definition of the
+    checks those read. Every other top-level function and class of the checks keeps its name, with a
+    body that says the checks run in the grader's judge (a `check_...` prints so and returns None, so a
+    learner cell that calls one stops nothing and learns nothing), and every other constant is None; a
+    TABULATED helper becomes a table of its values for the calls the chapter's cells make. Returns the
+    "module.name" of what it cut."""
+    trees = _checks_modules(checks_dir)
+    defined = {m: _definitions(tree) for m, tree in trees.items()}
+    imported = {m: _imported_names(tree, trees) for m, tree in trees.items()}
+    todo = set(roots) | {(CHECKS, "where_it_lives")}
+    for module, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    _dotted(d) in ("where_it_lives", f"{CHECKS}.where_it_lives") for d in node.decorator_list):
+                todo.add((module, node.name))
+            elif node not in defined[module].values() and not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                todo |= _references(node, module, defined[module], imported[module], trees)
+    kept: set[tuple[str, str]] = set()
+    while todo:
+        module, name = todo.pop()
+        if (module, name) in kept or module not in trees:
+            continue
+        kept.add((module, name))
+        node = defined[module].get(name)
+        if node is None:
+            if name in imported[module] and imported[module][name][1] is not None:
+                todo.add(imported[module][name])          # a name the module imports from another
+        elif (module, name) not in TABULATED:
+            todo |= _references(node, module, defined[module], imported[module], trees)
+    cut = []
+    for module, tree in trees.items():
+        path = checks_dir / ("__init__.py" if module == CHECKS else f"{module.rpartition('.')[2]}.py")
+        lines = path.read_text().splitlines()
+        nodes = {id(n): n for n in defined[module].values()}
+        for node in sorted(nodes.values(), key=lambda n: -n.lineno):
+            names = [n for n, v in defined[module].items() if v is node]
+            if any((module, n) in kept and (module, n) not in TABULATED for n in names):
+                continue
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            lines[start - 1:node.end_lineno] = _stand_in(module, node, names).splitlines()
+            cut += [f"{module}.{n}" for n in names]
+        path.write_text("\n".join(lines) + "\n")
+    return sorted(cut)
+
+
+JUDGE_ONLY = ("{what} runs in the grader's judge, not in the notebook's process: the grader's copy of the engine "
+              "here holds only the parts of the checks that the chapter's own cells use")
+
+
+def _stand_in(module: str, node, names: list[str]) -> str:
+    """The text that replaces a definition of the checks in the host's copy."""
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return " = ".join(names) + " = None   # not used by the chapter's own cells (the grader's host)"
+    what = f"{module}.{node.name}"
+    if (module, node.name) in TABULATED:
+        table = {_call_key(args, kwargs): _reference_value(module, node.name, args, kwargs)
+                 for args, kwargs in globals()[TABULATED[(module, node.name)]]()}
+        return (f"def {node.name}(*args, **kwargs):\n"
+                f'    """The engine\'s values for the calls the chapter\'s own cells make, from a table: the\n'
+                f'    grader\'s host holds no code that computes them."""\n'
+                f"    import json\n"
+                f"    try:\n"
+                f"        key = json.dumps([list(args), kwargs], sort_keys=True)\n"
+                f"    except (TypeError, ValueError):\n"
+                f"        key = None\n"
+                f"    if key not in _TABLE_{node.name}:\n"
+                f"        raise LookupError({what!r} + \" in the grader's host holds only the values the chapter's \"\n"
+                f"                          \"own cells print (the published configs)\")\n"
+                f"    return _TABLE_{node.name}[key]\n\n\n"
+                f"_TABLE_{node.name} = {table!r}\n")
+    message = JUDGE_ONLY.format(what=what)
+    if isinstance(node, ast.ClassDef):
+        return (f"class {node.name}:\n    def __init__(self, *args, **kwargs):\n"
+                f"        raise RuntimeError({message!r})\n")
+    if node.name.startswith("check_"):
+        return (f"def {node.name}(*args, **kwargs):\n"
+                f"    print({('(' + message + '; its verdict is the test cell’s)')!r})\n")
+    return f"def {node.name}(*args, **kwargs):\n    raise RuntimeError({message!r})\n"
+
+
+def _reference_value(module: str, name: str, args, kwargs):
+    import importlib
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)

@@ -215,11 +215,13 @@ class Notebook:
     def _borrowed(self, node) -> str:
         """How a definition hands back the engine's own version of a taught name, or calls the checks.
 
-        The checks are refused because they live in the host too (engine/checks, beside the host's
-        stubbed engine) and some of them compute an exercise's answer under a name of their own
-        (ch08.kv_bytes_reference is kv_bytes_per_token_hf's): graded code calling them would earn points
-        the learner did not write. This is a statement about the text; a route the text does not show
-        (getattr, sys.modules) stays open while the host's copy of the checks holds such answers."""
+        The checks are refused because some of them compute an exercise's answer under a name of their
+        own (ch04.simulate_forks is shared_blocks', ch08.kv_bytes_reference kv_bytes_per_token_hf's):
+        graded code calling them would earn points the learner did not write. This is a statement about
+        the text, and it is not the barrier: the host's engine keeps of the checks only what the
+        chapter's own cells use there, with an answer those cells print as a table of their values
+        (engine.course.edition.host_checks), so a route the text does not show (getattr,
+        sys.modules) finds nothing to call either."""
         taught = set(self.graded) | {m for spec in self.graded.values() for m in spec.get("methods") or ()}
         if isinstance(node, ast.ClassDef):      # its bases may be the engine's: the body and decorators
             parts = [(part, part.name if isinstance(part, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)

@@ -149,3 +149,35 @@ def exercise_tokens(name: str, methods: list | None, source: str, helpers: dict)
         return None
     own = {k: v for k, v in body.items() if k not in methods}
     return [token for m in methods for token in ["METHOD"] + tokens(body[m], dict(helpers, **functions), own)]
+
+
+def every_function(source: str) -> list[tuple[str, ast.AST]]:
+    """(qualified name, node) of every function and method a module's text defines, nested ones too:
+    what a copy of a taught body could hide in, under any name."""
+    tree = parse(source)
+    found, todo = [], [("", node) for node in (tree.body if tree is not None else [])]
+    while todo:
+        prefix, node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = f"{prefix}{node.name}"
+            if not isinstance(node, ast.ClassDef):
+                found.append((name, node))
+            todo += [(f"{name}.", child) for child in node.body]
+        else:
+            todo += [(prefix, child) for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)]
+    return found
+
+
+def copies(functions: list[tuple[str, ast.AST]], references: dict[str, list[str]]) -> list[tuple[str, str, float]]:
+    """(function, reference, likeness) for each function of `functions` that is a reference of
+    `references` ({name: tokens}) by meaning (alike). Cheap bounds first: most pairs are far apart."""
+    found = []
+    for name, node in functions:
+        mine = tokens(node)
+        for reference, theirs in references.items():
+            if len(theirs) < MIN_TOKENS or 2 * min(len(mine), len(theirs)) < ALIKE * (len(mine) + len(theirs)):
+                continue
+            matcher = difflib.SequenceMatcher(None, mine, theirs, autojunk=False)
+            if matcher.real_quick_ratio() >= ALIKE and matcher.quick_ratio() >= ALIKE and matcher.ratio() >= ALIKE:
+                found.append((name, reference, round(matcher.ratio(), 3)))
+    return found
