@@ -31,3 +31,33 @@ def test_a_difference_in_outputs_is_reported_and_fails(monkeypatch):
     result = peer_bench.compare("batched", requests, None, None, None)
     assert result["identical_outputs"] is False and result["engine/transformers"] == 2.0
     assert result["first_difference"] == "request 1 at output token 1: transformers 10, engine 11"
+
+
+def test_both_sides_are_warmed_up_then_timed_alternately_and_the_medians_reported(monkeypatch):
+    from engine.tools import peer_bench
+    calls, seconds = [], iter([1.0, 9.0, 3.0, 0.5, 0.7, 0.6])    # transformers, engine, transformers, ...
+    requests = [([1, 2, 3, 4, 5, 6, 7, 8, 9], 2)]
+
+    def run(side):
+        def served(model, reqs, *budget):
+            calls.append((side, reqs))
+            return [[7, 8]], (0.0 if reqs[0][1] == 2 and len(reqs[0][0]) == 8 else next(seconds))
+        return served
+    monkeypatch.setattr(peer_bench, "run_transformers", run("transformers"))
+    monkeypatch.setattr(peer_bench, "run_engine", run("engine"))
+    result = peer_bench.compare("single", requests, None, None, None, repeats=3)
+    assert [side for side, _ in calls] == ["transformers", "engine"] * 4
+    assert calls[0][1] == calls[1][1] == [([1, 2, 3, 4, 5, 6, 7, 8], 2)]     # the warm-up: 8 tokens, 2 new
+    assert result["repeats"] == 3 and result["identical_outputs"] is True
+    assert result["engine/transformers"] == pytest.approx(1.0 / 0.6, rel=1e-3)   # median 1.0 over median 0.6
+
+
+def test_a_repeated_run_that_differs_is_reported(monkeypatch):
+    from engine.tools import peer_bench
+    outputs = iter([[[1]], [[1]], [[1]], [[2]]])
+    monkeypatch.setattr(peer_bench, "warm_up", lambda *args: None)
+    monkeypatch.setattr(peer_bench, "run_transformers", lambda model, reqs: (next(outputs), 1.0))
+    monkeypatch.setattr(peer_bench, "run_engine", lambda model, reqs, budget: (next(outputs), 1.0))
+    result = peer_bench.compare("single", [([1, 2], 1)], None, None, None, repeats=2)
+    assert result["identical_outputs"] is False
+    assert result["first_difference"] == "a repeated run's outputs differ from the same side's first run"

@@ -6,12 +6,18 @@ the batch running until its longest request is done) and by the engine (continuo
 paged cache, greedy). The outputs must be identical token for token; the JSON gives output tokens/s of
 both and their ratio. Workloads: `batched` (32 prompts of 20-200 tokens, 64 new tokens each), `single`
 (one 100-token prompt, 256 new tokens) and `sharegpt` (the vLLM paper's length mix, scaled down).
+
+Like with like: the same threads for both, float32 both, and each side warmed up on a short request
+before anything is timed (a first call pays for lazy imports and first allocations). Each workload is
+served `--repeats` times each way, interleaved, and the medians are reported: wall clock, and the
+process's CPU time, the steadier figure on a machine that others share.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -23,6 +29,7 @@ from engine.errors import InputError
 WORKLOADS = ("batched", "single", "sharegpt")
 VOCAB, CONTEXT = 1024, 4096         # the random Qwen3's vocabulary and trained context (max_position_embeddings)
 MAX_THREADS = 256
+MAX_REPEATS = 100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-budget", type=check.positive_int, default=None,
                         help="the engine's tokens per step (>= 1; default: the scheduler's)")
     parser.add_argument("--seed", type=check.seed, default=0, help="weights and workload seed (0 to 2**63 - 1)")
+    parser.add_argument("--repeats", type=check.int_in(1, MAX_REPEATS), default=3,
+                        help=f"runs of each workload each way, interleaved; medians reported (1 to {MAX_REPEATS})")
 
 
 def check_args(args) -> None:
@@ -151,23 +160,49 @@ def run_engine(model, requests, token_budget: int | None) -> tuple[list[list[int
     return [request.outputs[0] for request in added], time.perf_counter() - started
 
 
-def compare(name: str, requests, theirs, ours, token_budget) -> dict:
-    """Serve one workload both ways; tokens/s, the ratio, and whether the outputs agree."""
+def timed(run, *args) -> tuple[list[list[int]], float, float]:
+    """run(*args)'s outputs, its wall seconds (as it measured them) and this process's CPU seconds."""
+    cpu = time.process_time()
+    outputs, seconds = run(*args)
+    return outputs, seconds, time.process_time() - cpu
+
+
+def warm_up(theirs, ours, requests, token_budget) -> None:
+    """Each side serves the workload's first prompt, cut to 8 tokens, for 2 new tokens, untimed."""
+    prompt = requests[0][0][:8]
+    run_transformers(theirs, [(prompt, 2)])
+    run_engine(ours, [(prompt, 2)], token_budget)
+
+
+def compare(name: str, requests, theirs, ours, token_budget, repeats: int = 1) -> dict:
+    """Serve one workload both ways, `repeats` times each, interleaved (after a warm-up): median tokens/s,
+    the ratios of the medians (wall clock and CPU time), and whether the outputs agree."""
     tokens = sum(new for _, new in requests)
-    hf_out, hf_s = run_transformers(theirs, requests)
-    our_out, our_s = run_engine(ours, requests, token_budget)
+    warm_up(theirs, ours, requests, token_budget)
+    hf_runs, our_runs = [], []
+    for _ in range(repeats):       # interleaved: a load that comes and goes falls on both sides
+        hf_runs.append(timed(run_transformers, theirs, requests))
+        our_runs.append(timed(run_engine, ours, requests, token_budget))
+    hf_out, our_out = hf_runs[0][0], our_runs[0][0]
+    hf_s, our_s = (statistics.median(run[1] for run in runs) for runs in (hf_runs, our_runs))
+    hf_cpu, our_cpu = (statistics.median(run[2] for run in runs) for runs in (hf_runs, our_runs))
     differ = [i for i, (a, b) in enumerate(zip(hf_out, our_out)) if a != b]
+    steady = all(run[0] == hf_out for run in hf_runs) and all(run[0] == our_out for run in our_runs)
     result = {"requests": len(requests), "prompt_tokens": sum(len(p) for p, _ in requests),
-              "output_tokens": tokens, "transformers_tokens_per_s": round(tokens / hf_s, 1),
+              "output_tokens": tokens, "repeats": repeats, "transformers_tokens_per_s": round(tokens / hf_s, 1),
               "engine_tokens_per_s": round(tokens / our_s, 1), "engine/transformers": round(hf_s / our_s, 3),
-              "identical_outputs": not differ}
+              "engine/transformers_cpu": round(hf_cpu / our_cpu, 3) if hf_cpu > 0 and our_cpu > 0 else None,
+              "identical_outputs": not differ and steady}
     if differ:
         first = differ[0]
         position = next(i for i, (a, b) in enumerate(zip(hf_out[first], our_out[first])) if a != b)
         result["first_difference"] = (f"request {first} at output token {position}: transformers "
                                       f"{hf_out[first][position]}, engine {our_out[first][position]}")
+    elif not steady:
+        result["first_difference"] = "a repeated run's outputs differ from the same side's first run"
     print(f"{name:9s} transformers {result['transformers_tokens_per_s']:>8} tokens/s  engine "
-          f"{result['engine_tokens_per_s']:>8} tokens/s  ratio {result['engine/transformers']}  "
+          f"{result['engine_tokens_per_s']:>8} tokens/s  ratio {result['engine/transformers']} "
+          f"(CPU time {result['engine/transformers_cpu']}, medians of {repeats})  "
           f"identical {result['identical_outputs']}", file=sys.stderr)
     return result
 
@@ -181,7 +216,8 @@ def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)           # every check passed: now build and run
     with tempfile.TemporaryDirectory() as directory:
         theirs, ours = build_models(args, directory)
-    results = {name: compare(name, requests, theirs, ours, args.token_budget) for name, requests in workloads.items()}
+    results = {name: compare(name, requests, theirs, ours, args.token_budget, args.repeats)
+               for name, requests in workloads.items()}
     print(json.dumps({"model": {"hidden": args.hidden, "layers": args.layers, "heads": list(args.heads)},
                       "threads": args.threads, "scale": args.scale, "workloads": results}))
     return 0 if all(r["identical_outputs"] for r in results.values()) else 1
