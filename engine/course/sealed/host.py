@@ -6,8 +6,9 @@ cell (in the sandbox: engine.course.sandbox) and answers the requests of the jud
 (engine.course.sealed.judge), which runs the graded tests on the grader's own engine, decides from the
 cells' text what may count, and signs the verdicts. The host holds no key and decides nothing: what it
 can do to a score is answer the checks' questions. It imports its own copy of the chapter's host engine
-(engine.course.edition.host_engine), whose taught bodies are stubs, on a path with nothing else of the
-course (engine.course.kernel.host_argv).
+(engine.course.edition.host_engine), whose taught bodies are stubs and whose checks hold only what the
+chapter's own cells use (edition.host_checks), on a path with nothing else of the course
+(engine.course.kernel.host_argv).
 
 What it still does beside running cells:
 
@@ -130,7 +131,8 @@ def _stream_outputs(out: _Capture, err: _Capture) -> list[dict]:
 
 
 class EngineHelpers:
-    """The checks' helpers that run where the learner's objects live (engine.checks.where_it_lives), as
+    """The checks' helpers that run where the learner's objects live (engine.checks.where_it_lives: what
+    host_checks keeps of the checks in the host besides what the chapter's cells use), as
     they were when the host started, before any learner cell ran: what `call_engine` runs, whatever a
     cell rebinds later. Before each call the globals of the checks' modules are put back as they were
     then (a name added since is removed, a submodule excepted), so a helper reads its own module's
