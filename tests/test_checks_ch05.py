@@ -418,3 +418,29 @@ def test_an_earlier_piece_that_fails_is_named_where_it_costs_this_one():
                ["check_remember: the code under test crashed with", "This check runs your attach and detach from "
                 "Attach (Exercise 5.2) too, and that exercise's own check fails on it",
                 "Fix Exercise 5.2 first: until it passes, this exercise's points are lost with it"])
+
+
+# ---- the milestone writes text: the trained model through the learner's prefix cache -------------------
+
+def test_the_milestone_writes_the_divergence_out_as_text():
+    """Keys of a block's own tokens share K/V computed after another history: the milestone's message shows
+    the trained model's sentence from scratch and through the learner's pieces, and the token where they part."""
+    text = ch05.continuations.side_by_side(ch05.served_text(ch05.combine(OwnTokensLoud, PrefixCache, PrefixCache,
+                                                                         PrefixCache)))
+    assert text.parted_at is not None and text.scratch != text.cached
+    message = fails_with(lambda _: in_engine(keys=OwnTokensLoud), None,
+                         ["different histories share", "The trained tiny model writes it out: from-scratch: ",
+                          ", yours: ", f", token {text.parted_at}"])
+    assert str(text) in message
+
+
+def test_the_engine_s_prefix_cache_writes_the_recompute_s_sentence():
+    text = ch05.continuations.side_by_side(ch05.served_text(PrefixCache))
+    assert text.parted_at is None and str(text).startswith("from-scratch and yours both write 'The block table")
+
+
+def test_a_passing_milestone_writes_no_text(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("continuations computed for a passing check")
+    monkeypatch.setattr(ch05.continuations, "shown", never)
+    passes(in_engine)

@@ -356,3 +356,29 @@ def test_honest_styles_score_full_marks_through_the_grader():
     report = grade_json(folder, REPO / "solutions")
     full = possible(report)
     assert {key: scores(report)[key] for key in full} == full
+
+
+# ---- the milestone writes text: the trained model served by the learner's scheduler and cache -----------
+
+@pytest.mark.parametrize("scheduler, cache", [(PreemptNeverRequeues, PagedKVCache), (Scheduler, SwapInWrongOrder)],
+                         ids=lambda value: value.__name__)
+def test_the_milestone_writes_the_divergence_out_as_text(scheduler, cache):
+    """A recompute victim never queued again stops writing; a swap that brings blocks back in the wrong
+    order writes other words: the message shows both sentences and the token where they part."""
+    text = ch07.continuations.side_by_side(ch07.served_text(scheduler, cache))
+    assert text.parted_at is not None and text.scratch != text.cached
+    message = fails_with(serving(scheduler, cache), None, ["The trained tiny model writes it out: from-scratch: ",
+                                                           ", yours: ", f", token {text.parted_at}"])
+    assert str(text) in message
+
+
+def test_the_engine_serves_the_recompute_s_sentence_under_pressure():
+    text = ch07.continuations.side_by_side(ch07.served_text(Scheduler, PagedKVCache))
+    assert text.parted_at is None and str(text).startswith("from-scratch and yours both write 'The block table")
+
+
+def test_a_passing_milestone_writes_no_text(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("continuations computed for a passing check")
+    monkeypatch.setattr(ch07.continuations, "shown", never)
+    passes(ch07.check_serving_under_pressure, Scheduler, PagedKVCache)

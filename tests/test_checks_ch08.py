@@ -392,3 +392,23 @@ def test_dequantize_and_copy_checks_run_without_quantize_into():
     unwritten = stub(QuantizedPagedKVCache, "quantize_into", name="QuantizeNotWritten")
     passes(ch08.check_dequantize_on_read, unwritten)
     passes(ch08.check_copy_on_write_carries_scales, unwritten)
+
+
+# ---- the decisive check writes text: the trained model through the learner's int8 blocks ----------------
+
+@pytest.mark.parametrize("bug", [ClampAtFirstScale, OneScaleForThePool], ids=by_name)
+def test_the_int8_logits_check_writes_the_divergence_out_as_text(bug):
+    """Int8 is not exact, so the other sentence is the engine's int8 cache's: the message shows both and the
+    token where they part."""
+    text = ch08.continuations.side_by_side(ch08.written_out(bug), reference=ch08.written_out(QuantizedPagedKVCache))
+    assert text.parted_at is not None and text.scratch != text.cached
+    message = fails_with(ch08.check_int8_logits, bug, ["The trained tiny model writes it out: the engine's: ",
+                                                       ", yours: ", f", token {text.parted_at}"])
+    assert str(text) in message
+
+
+def test_a_passing_int8_check_writes_no_text(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("continuations computed for a passing check")
+    monkeypatch.setattr(ch08.continuations, "shown", never)
+    passes(ch08.check_int8_logits, QuantizedPagedKVCache)

@@ -19,8 +19,8 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
-from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, expect_raises,
-                           fail, passed, review_choice, review_number, served, tiny)
+from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, continuations, expect_equal,
+                           expect_raises, fail, passed, review_choice, review_number, served, shows_text, tiny)
 from engine.checks.compose import naming_earlier, one_class
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
@@ -621,6 +621,27 @@ def _crash_named(cls, action, what: str):
         fail(f"{what} crashed with {type(error).__name__}: {error}", hint=why)
 
 
+def served_text(cls, block_size: int = BS):
+    """A run for continuations: the trained model served by the engine's scheduler with `cls` as its prefix
+    cache, on a pool too small to keep every cached block (so it evicts). Served first: the prompt's first
+    block with another ending, then the prompt's later blocks after another first block (the same block
+    text after a different history), then the prompt itself; the text is the prompt served once more,
+    from the blocks the cache kept."""
+    from engine.tokenizer import ByteTokenizer
+
+    def run(model, prompt: list[int], tokens: int) -> list[int]:
+        bs, other = block_size, ByteTokenizer().encode("Each block holds the rest of it")
+        cache = PagedKVCache(model.config, ceil_div(len(prompt) + tokens, bs) + ceil_div(len(prompt), bs) + 4,
+                             block_size=bs)
+        engine = Engine(model, cache, prefix_caching=False)
+        engine.scheduler.prefix = cls(cache)
+        for wave in (prompt[:bs] + other[bs:], other[:bs] + prompt[bs:], prompt):
+            continuations.served(engine, [wave], tokens)
+        return continuations.served(engine, [prompt], tokens)[0]
+
+    return run
+
+
 @check
 def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int = BS, seed: int = 0) -> None:
     """Your four pieces as one PrefixCache, plugged into the engine's scheduler over its PagedKVCache:
@@ -635,9 +656,13 @@ def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int 
                      "blocks of 16", _diagnose_pieces(cls) or "the first request prefills 104 tokens, each "
                      "later one only its own 8; the 6 shared blocks are stored once, plus one block of its "
                      "own per request")
+
+    def text():      # the trained model's text through the learner's pieces, written only on a failure
+        return shows_text(lambda: continuations.shown(served_text(cls)))
     if demo["max_abs_diff_vs_cold_prefill"] > ATOL:
-        fail(f"the demo's logits differ from cold prefills (max |Δ| {demo['max_abs_diff_vs_cold_prefill']:.3g})",
-             hint=_diagnose_keys(cls) or _diagnose_pieces(cls) or LOUD)
+        with text():
+            fail(f"the demo's logits differ from cold prefills (max |Δ| {demo['max_abs_diff_vs_cold_prefill']:.3g})",
+                 hint=_diagnose_keys(cls) or _diagnose_pieces(cls) or LOUD)
     engine, prefix, served = _crash_named(cls, lambda: _milestone_run(cls, block_size, seed),
                                           "serving two waves of requests through your prefix cache")
     cache, stats = engine.cache, prefix.stats()
@@ -652,9 +677,10 @@ def check_prefix_cache_in_engine(keys, attach, remember, evict, block_size: int 
         try:
             compare_logits(torch.stack(seq.logits), want, what, first_position=len(prompt) - 1)
         except CheckFailed:
-            compare_logits(torch.stack(seq.logits), want, what, first_position=len(prompt) - 1,
-                           hint=_diagnose_keys(cls) or _diagnose_pieces(cls) or "a cached block must hold "
-                           "exactly the K/V of the tokens (and the history) its key names")
+            with text():
+                compare_logits(torch.stack(seq.logits), want, what, first_position=len(prompt) - 1,
+                               hint=_diagnose_keys(cls) or _diagnose_pieces(cls) or "a cached block must hold "
+                               "exactly the K/V of the tokens (and the history) its key names")
     expect_equal(stats["queries"], engine.scheduler.prefix_stats["queries"],
                  "stats()['queries'] against the admissions the scheduler kept", UNDONE)
     expect_equal(cache.allocator.num_free + len(prefix.entries), cache.num_blocks,

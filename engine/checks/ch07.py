@@ -15,8 +15,8 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
-from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, expect_equal, expect_raises,
-                           fail, passed, review_choice, review_number, served, tiny)
+from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, continuations, expect_equal,
+                           expect_raises, fail, passed, review_choice, review_number, served, shows_text, tiny)
 from engine.checks.compose import naming_earlier, one_class
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
@@ -786,6 +786,46 @@ def _swap_problem(cache_cls) -> str | None:
     return None
 
 
+def _outputs_match(engine, kept, solos, hint_for) -> None:
+    """Each kept request's logits against a from-scratch run and its output against its solo run; the hint
+    (which may replay check_swap) is asked only on a failure."""
+    for request, generation in zip(kept, solos):
+        seq, solo = request.sequences[0], generation.tokens
+        what = (f"request {request.request_id} ({len(request.prompt)}-token prompt, preempted "
+                f"{seq.preemptions} time(s){', swapped' if seq.seq_id in engine.swapped_out else ''})")
+        if len(seq.logits) != len(seq.output):
+            fail(f"{what}: logit rows kept vs output tokens", len(seq.output), len(seq.logits), hint_for(seq))
+        want = scratch_logits(tiny(), [seq.tokens])[0][seq.prompt_len - 1:-1]
+        for attempt in range(2):              # the hint (which may replay check_swap) only on a failure
+            hint = hint_for(seq) if attempt else None
+            try:
+                compare_logits(torch.stack(seq.logits), want, what, first_position=seq.prompt_len - 1,
+                               hint=hint)
+                expect_equal(request.outputs[0], solo, f"{what}: its output against a solo run", hint)
+                break
+            except CheckFailed:
+                if attempt:
+                    raise
+
+
+def served_text(sched_cls, cache_cls):
+    """A run for continuations: the trained model's prompt served by the engine with the learner's scheduler
+    and cache, after two other requests, on a pool that holds the prompt's request and 5 blocks of 3. The
+    prompt's sequence, the newest, is preempted twice: by recompute first, then by swap mid-block."""
+    from engine.tokenizer import ByteTokenizer
+
+    def run(model, prompt: list[int], tokens: int) -> list[int]:
+        bs, others = 3, [ByteTokenizer().encode(text) for text in ("A paged KV cache", "Copy-on-write")]
+        cache = cache_cls(model.config, ceil_div(len(prompt) + tokens, bs) + 5, block_size=bs)
+        config = SchedulerConfig(max_batched_tokens=4 * bs, margin_blocks=1, watermark=0.0, preemption="auto",
+                                 swap_min_tokens=len(prompt) + 3)
+        engine = Engine(model, cache, config)
+        engine.scheduler = sched_cls(cache, engine.scheduler.config, engine.scheduler.prefix)
+        return continuations.served(engine, others + [prompt], tokens)[-1]
+
+    return run
+
+
 @check
 def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed: int = 0) -> None:
     """The milestone: your scheduler and your swap in the real engine, a pool so small that requests
@@ -825,23 +865,8 @@ def check_serving_under_pressure(sched_cls, cache_cls, block_size: int = 4, seed
                     "num_computed and the tokens, and queue the sequence in self.swapped")
         return "it was never preempted: did admit or reserve_or_preempt schedule the right tokens?"
 
-    for request, generation in zip(kept, solos):
-        seq, solo = request.sequences[0], generation.tokens
-        what = (f"request {request.request_id} ({len(request.prompt)}-token prompt, preempted "
-                f"{seq.preemptions} time(s){', swapped' if seq.seq_id in engine.swapped_out else ''})")
-        if len(seq.logits) != len(seq.output):
-            fail(f"{what}: logit rows kept vs output tokens", len(seq.output), len(seq.logits), hint_for(seq))
-        want = scratch_logits(tiny(), [seq.tokens])[0][seq.prompt_len - 1:-1]
-        for attempt in range(2):              # the hint (which may replay check_swap) only on a failure
-            hint = hint_for(seq) if attempt else None
-            try:
-                compare_logits(torch.stack(seq.logits), want, what, first_position=seq.prompt_len - 1,
-                               hint=hint)
-                expect_equal(request.outputs[0], solo, f"{what}: its output against a solo run", hint)
-                break
-            except CheckFailed:
-                if attempt:
-                    raise
+    with shows_text(lambda: continuations.shown(served_text(sched_cls, cache_cls))):
+        _outputs_match(engine, kept, solos, hint_for)
     _victim_problem(engine)
     cache = engine.cache
     if cache.tables or cache.swapped:

@@ -18,8 +18,8 @@ import torch
 
 import engine.checkpoint  # noqa: F401  (tiny() builds the model with it: imported before any cell)
 from engine.cache.prefix import PrefixCache
-from engine.checks import (CheckFailed, ceil_div, check, compare_logits, expect_equal, fail, passed, review_choice,
-                           review_number, tiny, where_it_lives)
+from engine.checks import (CheckFailed, ceil_div, check, compare_logits, continuations, expect_equal, fail, passed,
+                           review_choice, review_number, shows_text, tiny, where_it_lives)
 from engine.generate import cached_step, scratch_logits
 from engine.seeded import seeded_tokens
 
@@ -563,6 +563,31 @@ def check_sharing_keeps_scales(cls, block_size: int = 4) -> None:
            f"and scales bit for bit; worst |Δ| vs fp32 from scratch {worst:.3f} (allowed {INT8_ATOL:g})")
 
 
+def written_out(cls, block_size: int = 4):
+    """A run for continuations: the trained model's prompt through int8 blocks of `cls`, prefilled, then
+    decoded a token a step."""
+    return continuations.plain_run(lambda config, tokens: cls(config, ceil_div(tokens, block_size) + 1,
+                                                              block_size=block_size, dtype=torch.float32,
+                                                              device="cpu"))
+
+
+def _engine_int8():
+    """The engine's own int8 cache, to write the text int8 blocks should give (int8 is not exact, so not
+    from scratch); None where this engine's int8 methods are the student edition's stubs."""
+    from engine.cache.quantized import QuantizedPagedKVCache
+    codes = [getattr(getattr(QuantizedPagedKVCache, name), "__code__", None)
+             for name in ("quantize_into", "dequantize")]
+    return None if any(code is None or "_edition" in code.co_names for code in codes) else QuantizedPagedKVCache
+
+
+def text_of(cls, block_size: int = 4) -> str:
+    """The trained model's text through the learner's int8 cache beside the engine's (from scratch where the
+    engine's is not there to run)."""
+    engine_int8 = _engine_int8()
+    reference = written_out(engine_int8, block_size) if engine_int8 else None
+    return continuations.shown(written_out(cls, block_size), reference=reference)
+
+
 @check
 def check_int8_logits(cls, block_size: int = 4, seed: int = 0, steps: int = 20) -> None:
     """The decisive check: a ragged batch (lengths bs-1, bs, bs+1, 2bs+1) prefilled and decoded for
@@ -596,7 +621,8 @@ def check_int8_logits(cls, block_size: int = 4, seed: int = 0, steps: int = 20) 
         new = {s: [int(last[s].argmax()) if s != 4 else (int(last[s].argmax()) + 1) % 256] for s in active}
         out = step(active, new, f"decode step {t + 1}")
         last.update({s: o[-1] for s, o in zip(active, out)})
-    worst = run.compare()
+    with shows_text(lambda: text_of(cls, bs)):
+        worst = run.compare()
     if cache.audit_problem:
         fail(f"every logit stayed within {INT8_ATOL:g} of the fp32 run (worst |Δ| {worst:.3f}), but a write "
              f"did not store what quantize_into must: {cache.audit_problem}")

@@ -106,6 +106,19 @@ def plain_run(make_cache: Callable) -> Callable:
     return run
 
 
+def served(engine, prompts: list[list[int]], tokens: int, limit: int = 1000) -> list[list[int]]:
+    """The greedy outputs of `prompts` (token ids) served by `engine` to the end, `tokens` each; a run that
+    has not finished after `limit` steps raises (a scheduler that never finishes cannot hang a message)."""
+    from engine.sampling import SamplingParams
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    requests = [engine.add_request(prompt, params) for prompt in prompts]
+    for _ in range(limit):
+        if not engine.has_unfinished():
+            return [request.outputs[0] for request in requests]
+        engine.step()
+    raise RuntimeError(f"the engine had not finished after {limit} steps")
+
+
 def shown(run_cached: Callable, prompt: str = PROMPT, tokens: int = TOKENS, reference: Callable | None = None) -> str:
     """side_by_side as one line for a check's message; a cache that crashes on the way says so instead."""
     try:
