@@ -7,6 +7,8 @@ learner's prefix cache.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.cache.slots import blocks_needed
@@ -16,12 +18,15 @@ from engine.seeded import seeded_tokens
 
 
 def run(requests: int = 8, system_tokens: int = 96, own_tokens: int = 8, block_size: int = 16,
-        seed: int = 0, prefix_class=PrefixCache) -> dict:
+        seed: int = 0, prefix_class=PrefixCache, model=None,
+        tokens: Callable[[int, int], list[int]] = seeded_tokens) -> dict:
     """Serve the requests one after another through a PrefixCache (or `prefix_class`, chapter 5's
-    checks pass the learner's) over a PagedKVCache and the tiny model."""
-    model = tiny_model(seed=seed)
-    system = seeded_tokens(system_tokens, seed)
-    prompts = [system + seeded_tokens(own_tokens, seed + 1 + i) for i in range(requests)]
+    checks pass the learner's) over a PagedKVCache and `model` (the tiny seeded one of `seed` unless
+    given). `tokens(n, seed)` makes n prompt ids: the system prompt's with `seed`, request i's own with
+    seed + 1 + i (seeded ids unless given; `python -m engine prefix` gives the trained model's text)."""
+    model = model if model is not None else tiny_model(seed=seed)
+    system = tokens(system_tokens, seed)
+    prompts = [system + tokens(own_tokens, seed + 1 + i) for i in range(requests)]
     num_blocks = sum(blocks_needed(len(p), block_size) for p in prompts)     # enough even without sharing
     cache = PagedKVCache(model.config, num_blocks, block_size=block_size)
     prefix = prefix_class(cache)
