@@ -1,5 +1,7 @@
 """The chapter-5 checks pass on the engine's PrefixCache, say "not implemented yet" on stubs, and fail
 on each classic prefix-cache bug with a hint that names that bug."""
+import sys
+
 import pytest
 
 from engine.cache.prefix import PrefixCache
@@ -444,3 +446,83 @@ def test_a_passing_milestone_writes_no_text(monkeypatch):
         raise AssertionError("continuations computed for a passing check")
     monkeypatch.setattr(ch05.continuations, "shown", never)
     passes(in_engine)
+
+
+# ---- a later piece's super() where an earlier piece's check serves through it (the grader's host) --------
+
+class EditionEngine(PrefixCache):
+    """The engine as the grader's host (a student edition) has it: Exercise 5.4's bodies run the notebook's
+    definitions (engine/course/edition.py `yours`), on whatever instance the check hands them."""
+
+    def evictable(self, entry):
+        return sys.modules["__main__"].Evict.evictable(self, entry)
+
+    def evict(self, blocks_wanted):
+        return sys.modules["__main__"].Evict.evict(self, blocks_wanted)
+
+    def forget(self, entry):
+        return sys.modules["__main__"].Evict.forget(self, entry)
+
+
+class KeysOnEdition(EditionEngine):
+    """Exercise 5.1's cell (the engine's chain and matches stand in)."""
+
+
+class AttachOnEdition(EditionEngine):
+    """Exercise 5.2's cell (the engine's attach and detach stand in)."""
+
+
+class EvictHonest(EditionEngine):
+    """Exercise 5.4 written whole, its forget refreshing the parent through zero-argument super()."""
+
+    def evictable(self, entry):
+        return entry.children == 0 and self.cache.allocator.refcount(entry.block) == 1
+
+    def evict(self, blocks_wanted):
+        freed = 0
+        while self.cache.allocator.num_free < blocks_wanted and self.lru:
+            _, entry = self.lru.popitem(last=False)
+            self.forget(entry)
+            freed += 1
+        return freed
+
+    def forget(self, entry):
+        self.lru.pop(entry.key, None)
+        del self.entries[entry.key], self.block_keys[entry.block]
+        if entry.parent is not None:
+            parent = self.entries[entry.parent]
+            parent.children -= 1
+            super().refresh(parent, front=True)
+        self.cache.allocator.release(entry.block)
+
+
+def test_a_later_piece_s_super_runs_on_its_own_class_in_an_earlier_piece_s_check(monkeypatch):
+    """Exercise 5.2's check evicts through the scheduler, so it runs Exercise 5.4's forget. The notebook's
+    written later pieces join the class the check drives, so that forget runs on an instance of its own
+    class and its super() works; without them (the notebook's Evict run on another class) it crashes."""
+    monkeypatch.setattr(sys.modules["__main__"], "Evict", EvictHonest, raising=False)
+    monkeypatch.setattr(ch05, "written_later", lambda anchor, wanted: (None,) * len(wanted))
+    assert "super(type, obj)" in fails(lambda cls: ch05.check_attach(cls, KeysOnEdition), AttachOnEdition)
+    monkeypatch.undo()
+    monkeypatch.setattr(sys.modules["__main__"], "Evict", EvictHonest, raising=False)
+    passes(ch05.check_attach, AttachOnEdition, KeysOnEdition)
+    passes(ch05.check_chain, KeysOnEdition)
+    made = ch05.your_pieces(AttachOnEdition, KeysOnEdition, latest="Attach")
+    assert made.__mro__[1:4] == (AttachOnEdition, KeysOnEdition, EvictHonest)
+
+
+def test_a_later_piece_left_as_the_release_has_it_joins_nothing(monkeypatch):
+    """The release's `raise NotImplementedError()` is not written: the engine's methods stay (in a student
+    edition, its stubs: the part is 'not checked yet')."""
+    class EvictUnwritten(PrefixCache):
+        def evictable(self, entry):
+            raise NotImplementedError()
+
+        def evict(self, blocks_wanted):
+            raise NotImplementedError()
+
+        def forget(self, entry):
+            raise NotImplementedError()
+    monkeypatch.setattr(sys.modules["__main__"], "Evict", EvictUnwritten, raising=False)
+    assert ch05.your_pieces(AttachOnKeys, KeysOwn, latest="Attach") is AttachOnKeys
+    passes(ch05.check_attach, AttachOnKeys, KeysOwn)

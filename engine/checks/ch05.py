@@ -21,7 +21,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, continuations, expect_equal,
                            expect_raises, fail, passed, review_choice, review_number, served, shows_text, tiny)
-from engine.checks.compose import naming_earlier, one_class
+from engine.checks.compose import naming_earlier, one_class, together, written_later
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -83,16 +83,32 @@ def _engine_key(prefix, parent, tokens, extra) -> int:
 PIECES = ("Evict (Exercise 5.4)", "Remember (Exercise 5.3)", "Attach (Exercise 5.2)", "Keys (Exercise 5.1)")
 
 
+# The methods of each piece, by the notebook's name of its class.
+METHODS = {"Keys": ("chain", "matches"), "Attach": ("attach", "detach"), "Remember": ("remember",),
+           "Evict": ("evictable", "evict", "forget")}
+
+
 def your_pieces(*pieces, latest: str = "Evict"):
     """One PrefixCache class from the pieces given, from the piece named `latest` ("Evict", "Remember", ...)
     back to Keys (each a subclass of the engine's that defines only its own methods; a piece may inherit an
-    earlier one): an instance of it is an instance of every piece, so a piece's super() and helpers work
-    wherever a check calls them. A CheckFailed in the notebook's names when Python finds no method order for
-    them (see compose.together)."""
+    earlier one), then the notebook's pieces of the later exercises that are written (compose.written_later):
+    an instance of it is an instance of every piece whose methods a check may run, so a piece's super() and
+    helpers work wherever a check calls them (Exercise 5.2's check evicts through the scheduler, and so runs
+    Exercise 5.4's evict and forget). A CheckFailed in the notebook's names when Python finds no method order
+    for the pieces given; later pieces that cannot join them are left out."""
+    start = next(i for i, label in enumerate(PIECES) if label.startswith(latest + " "))
+    labels, later = PIECES[start:start + len(pieces)], PIECES[:start][::-1]
+    found = written_later(pieces[0], tuple((label.split(" (")[0], METHODS[label.split(" (")[0]])
+                                          for label in later)) if later else ()
+    joined = [(label, cls) for label, cls in zip(later, found) if cls is not None]
+    if joined:
+        made = together("YourPrefixCache", labels + tuple(label for label, _ in joined), *pieces,
+                        *(cls for _, cls in joined))
+        if not isinstance(made, str):
+            return made
     if len(pieces) == 1:
         return pieces[0]
-    start = next(i for i, label in enumerate(PIECES) if label.startswith(latest + " "))
-    return one_class("YourPrefixCache", PIECES[start:start + len(pieces)], *pieces)
+    return one_class("YourPrefixCache", labels, *pieces)
 
 
 def _naming_earlier(subject: str, latest: str, earlier):
@@ -138,6 +154,7 @@ def check_chain(cls) -> None:
     """chain(tokens, salt, extra_keys) yields (key, parent key, token ids, extra keys) for each full
     block, in order: key = self.hash_fn(parent key, token ids, extra), the salt in the first block's
     extra, so every key depends on the whole history and the tenant."""
+    cls = your_pieces(cls, latest="Keys")        # with the later pieces written, whose methods serving runs
     for length in (2 * BS + 3, 3 * BS, BS - 1, 1):
         tokens = seeded_tokens(length, seed=4)
         prefix = cls(_cache())
@@ -210,6 +227,7 @@ def check_chain(cls) -> None:
 def check_matches(cls) -> None:
     """matches(entry, parent, tokens, extra) is True only when the entry was computed from exactly this
     parent, these tokens and these extra keys: equal keys may still collide."""
+    cls = your_pieces(cls, latest="Keys")
     entry = Entry(key=7, block=3, parent=11, tokens=(1, 2, 3, 4), extra=("t",))
     cases = [((11, (1, 2, 3, 4), ("t",)), True, "the very block it was computed for"),
              ((12, (1, 2, 3, 4), ("t",)), False, "the parent key must match too"),

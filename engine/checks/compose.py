@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 
 from engine.checks import CheckFailed, where_it_lives
 
@@ -45,6 +46,37 @@ def together(name: str, labels: tuple, *classes) -> type | str:
                 f"each exercise's class subclass the engine's class, as its cell starts, or the class of the "
                 f"exercise before it (class X(X) chains them); change the class line of {bases[0][1]}'s cell, "
                 f"run it and the cells after it again")
+
+
+def _unwritten() -> None:
+    raise NotImplementedError()
+
+
+def _written(function) -> bool:
+    """Whether `function` is the learner's: not the engine's (a student edition's stub included), and not
+    an exercise cell's `raise NotImplementedError()` as the release leaves it."""
+    function = getattr(function, "__func__", function)
+    code = getattr(function, "__code__", None)
+    if code is None or str(getattr(function, "__module__", "")).startswith("engine."):
+        return False
+    return not (code.co_code == _unwritten.__code__.co_code and code.co_names == _unwritten.__code__.co_names)
+
+
+@where_it_lives
+def written_later(anchor, wanted: tuple) -> tuple:
+    """The classes the running notebook binds to the names of `wanted` ((name, method names) pairs: the later
+    exercises of a chapter, "Evict", ("evictable", "evict", "forget")) that define every one of those methods
+    as the learner wrote them, in that order; None for a name unbound, or bound to a class with one unwritten.
+    Runs where `anchor` (the learner's class) lives, so in the grader's host it reads the notebook there.
+    A check that serves the engine through a later exercise puts these classes into the one it drives: the
+    later method then runs on an instance of its own class, so its super() and helpers work."""
+    namespace = getattr(sys.modules.get("__main__"), "__dict__", {})
+    found = []
+    for name, methods in wanted:
+        cls = namespace.get(name)
+        written = isinstance(cls, type) and all(_written(getattr(cls, method, None)) for method in methods)
+        found.append(cls if written else None)
+    return tuple(found)
 
 
 def one_class(name: str, labels: tuple, *classes) -> type:
