@@ -21,7 +21,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, continuations, expect_equal,
                            expect_raises, fail, passed, review_choice, review_number, served, shows_text, tiny)
-from engine.checks.compose import naming_earlier, one_class, together, written_later
+from engine.checks.compose import naming_earlier_pieces, one_class, together, written_later
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -112,20 +112,12 @@ def your_pieces(*pieces, latest: str = "Evict"):
 
 
 def _naming_earlier(subject: str, latest: str, earlier):
-    """compose.naming_earlier around the check of piece `latest`: each earlier piece given is probed with
-    its own exercise's checks (on it and the pieces before it)."""
-    names = [label.split(" (")[0] for label in PIECES]
-    start = names.index(latest) + 1
-    own = {"Remember": (check_remember,), "Attach": (check_attach,), "Keys": (check_chain, check_matches)}
-    methods = {"Remember": "remember", "Attach": "attach and detach", "Keys": "chain and matches"}
-
-    def probe(at: int, name: str):
-        def run():
-            for one in own[name]:
-                one(*((earlier[at],) if name == "Keys" else earlier[at:]))
-        return run
-    return naming_earlier(subject, [(label, methods[names[start + at]], probe(at, names[start + at]))
-                                    for at, label in enumerate(PIECES[start:start + len(earlier)])])
+    """compose.naming_earlier_pieces around the check of piece `latest`: each earlier piece given is probed
+    with its own exercise's checks (on it and the pieces before it)."""
+    return naming_earlier_pieces(subject, PIECES, latest, earlier,
+                                 {"Remember": (check_remember,), "Attach": (check_attach,),
+                                  "Keys": (check_chain, check_matches)},
+                                 {"Remember": "remember", "Attach": "attach and detach", "Keys": "chain and matches"})
 
 
 def combine(keys, attach, remember, evict):

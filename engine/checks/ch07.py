@@ -17,7 +17,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, continuations, expect_equal,
                            expect_raises, fail, passed, review_choice, review_number, served, shows_text, tiny)
-from engine.checks.compose import naming_earlier, one_class
+from engine.checks.compose import naming_earlier_pieces, one_class
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -202,20 +202,12 @@ SCHEDULERS = ("Sampling (Exercise 7.4)", "Preemption (Exercise 7.2)", "Admission
 
 
 def _naming_earlier(subject: str, latest: str, earlier):
-    """compose.naming_earlier around a check of exercise `latest`'s class: each earlier class given is probed
-    with its own exercise's checks (on it and the classes before it)."""
-    names = [label.split(" (")[0] for label in SCHEDULERS]
-    start = names.index(latest) + 1
-    own = {"Preemption": (check_choose_victim, check_preempt, check_reserve_or_preempt), "Admission": (check_admit,)}
-    methods = {"Preemption": "reserve_or_preempt, choose_victim and preempt", "Admission": "admit"}
-
-    def probe(at: int, name: str):
-        def run():
-            for one in own[name]:
-                one(*((earlier[at],) if name == "Admission" else earlier[at:]))
-        return run
-    return naming_earlier(subject, [(label, methods[names[start + at]], probe(at, names[start + at]))
-                                    for at, label in enumerate(SCHEDULERS[start:start + len(earlier)])])
+    """compose.naming_earlier_pieces around a check of exercise `latest`'s class: each earlier class given is
+    probed with its own exercise's checks (on it and the classes before it)."""
+    return naming_earlier_pieces(subject, SCHEDULERS, latest, earlier,
+                                 {"Preemption": (check_choose_victim, check_preempt, check_reserve_or_preempt),
+                                  "Admission": (check_admit,)},
+                                 {"Preemption": "reserve_or_preempt, choose_victim and preempt", "Admission": "admit"})
 
 
 def your_scheduler(*classes, latest: str = "Sampling"):

@@ -112,3 +112,21 @@ def naming_earlier(subject: str, earlier):
                     f"{label} too, and that exercise's own check fails on it: {probe_said}. Fix {exercise} "
                     f"first: until it passes, this exercise's points are lost with it") from error
         raise
+
+
+def naming_earlier_pieces(subject: str, labels: tuple, latest: str, earlier, checks: dict, methods: dict):
+    """naming_earlier around the check of the exercise whose class is named `latest`, in a chapter whose
+    exercise classes the notebook names `labels`, the latest first ("Evict (Exercise 5.4)", ...). `earlier`:
+    the classes of the exercises before it that the test cell passes, the latest first; each is probed with
+    `checks[name]`, its own exercise's checks (on it and the classes before it; the first exercise's class
+    alone), and named with `methods[name]`, its methods in words."""
+    names = [label.split(" (")[0] for label in labels]
+    start, first = names.index(latest) + 1, names[-1]
+
+    def probe(at: int, name: str):
+        def run():
+            for one in checks[name]:
+                one(*((earlier[at],) if name == first else earlier[at:]))
+        return run
+    return naming_earlier(subject, [(label, methods[names[start + at]], probe(at, names[start + at]))
+                                    for at, label in enumerate(labels[start:start + len(earlier)])])
