@@ -289,9 +289,11 @@ def run_tolerant(course_dir: Path, step: str, *args: str) -> dict[tuple[str, str
     logs = course_dir / "logs"
     logs.mkdir(exist_ok=True)
     force = ["--force"]
+    from .sandbox import die_with_parent   # nbgrader ends with this process, however it ends
     for attempt in range(1, 1000):
         result = subprocess.run([sys.executable, "-m", "nbgrader", step, *args, *force], cwd=course_dir,
-                                env=offline_cpu_environ(), capture_output=True, text=True)
+                                env=offline_cpu_environ(), capture_output=True, text=True,
+                                preexec_fn=die_with_parent)
         log = result.stdout + result.stderr
         (logs / f"{step}-{attempt}.log").write_text(log)
         pairs = re.findall(r"There was an error processing assignment '([^']*)' for student '([^']*)'", log)

@@ -63,10 +63,16 @@ def _error(ename: str, evalue: str) -> NotebookNode:
 ENGINE_HOME = str(Path(__file__).resolve().parents[2])
 
 
+# The first statement of every grading process's command line: Linux kills the process (SIGKILL) when the
+# thread that started it ends (PR_SET_PDEATHSIG), so a grader killed with SIGKILL leaves none running.
+DIE_WITH_PARENT = "sys.platform.startswith('linux') and __import__('ctypes').CDLL(None).prctl(1, 9); "
+
+
 def worker_argv(code: str, home: str = ENGINE_HOME) -> list[str]:
-    """The command line of the judge running `code`: isolated Python, the engine of `home` first."""
+    """The command line of the judge running `code`: isolated Python, the engine of `home` first; it
+    dies with the thread that started it."""
     import sys
-    return [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {home!r}); {code}"]
+    return [sys.executable, "-I", "-c", f"import sys; {DIE_WITH_PARENT}sys.path.insert(0, {home!r}); {code}"]
 
 
 def library_paths() -> list[str]:
@@ -85,10 +91,11 @@ def library_paths() -> list[str]:
 
 
 def host_argv(code: str, home: str) -> list[str]:
-    """The host's command line: isolated Python without `site`, on a path of `home` and the libraries."""
+    """The host's command line: isolated Python without `site`, on a path of `home` and the libraries;
+    it dies with the thread that started it (in the sandbox: with the sandbox, which dies with it)."""
     import sys
     path = [home, *library_paths()]
-    return [sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:] = {path!r}; {code}"]
+    return [sys.executable, "-I", "-S", "-c", f"import sys; {DIE_WITH_PARENT}sys.path[:] = {path!r}; {code}"]
 
 
 def kernel_argv() -> list[str]:

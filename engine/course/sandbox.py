@@ -29,6 +29,9 @@ the grader passes it as `wrap=` to the process it starts for a submission. Insid
   of bubblewrap) kills the sandbox's PID namespace when the notebook's time is up, restarts included;
   after that `expired` is true and `expired_message` says "the notebook ran past its N s limit".
   Per-process CPU seconds, file size and core dumps are bounded by rlimits.
+- **Nothing outlives its grader.** The launcher asks Linux to kill it when the thread that started it
+  ends (PR_SET_PDEATHSIG, kept through its exec of `timeout`), and bubblewrap's --die-with-parent kills
+  the sandbox when `timeout` ends: a grader killed with SIGKILL takes the whole sandbox with it.
 
 Needs `bwrap` 0.8 or later for the disk quota (Debian/Ubuntu: `apt-get install bubblewrap`);
 `available()` says whether it runs here and why not.
@@ -378,9 +381,37 @@ def _empty(group: Path) -> None:
 
 # ----------------------------------------------------------------------------- the launcher (outside, as the grader)
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Have Linux kill this process (SIGKILL) when the thread that started it ends, the grader killed with
+    SIGKILL included; kept across exec (not of a set-user-ID program). Nothing where there is no prctl.
+    Safe as a Popen preexec_fn: it only calls the C library."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, 9)
+
+
+def _prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()     # looked up once, before any fork that calls die_with_parent
+
+
 def _launch(spec: dict) -> None:
-    """Join the submission's cgroups and set its rlimits (as the grader, outside), then exec the rest."""
+    """Join the submission's cgroups and set its rlimits (as the grader, outside), then exec the rest;
+    killed with the thread of the grader (or judge) that started it, whatever ends that."""
     import resource
+    die_with_parent()
+    if os.getppid() == 1:      # the grader ended before the line above: nothing to run for
+        os._exit(125)
     try:
         for procs in spec["cgroups"]:
             with open(procs, "w") as handle:

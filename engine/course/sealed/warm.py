@@ -8,11 +8,17 @@ before the fork: what one notebook's judge did stays in that fork.
 
 The grader (engine.course.kernel.SealedKernel) asks `judge(...)` for a judge; `None` means it starts one
 the plain way (a system without pidfd, a warm process that died).
+
+Nothing outlives the grader: the warm process dies with it (PR_SET_PDEATHSIG, set by its command line;
+it is started from `lasting`, a thread that lasts as long as the grader, since that signal follows the
+thread that started the process), and each judge dies with the warm process (the same signal, set in
+the fork).
 """
 from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import signal
 import socket
@@ -22,6 +28,9 @@ import threading
 
 # What every judge imports, done once in the warm process (a plan's `preimport` is added as it comes).
 WARM_IMPORTS = ("torch", "engine.course.sealed.judge", "engine.checks")
+
+_WARM: dict = {}
+_WARM_LOCK = threading.Lock()
 
 
 class Forked:
@@ -49,15 +58,50 @@ class Forked:
         self.returncode = 0    # its exit status belongs to the warm process; the grader reads only the end
 
 
+_STARTS: queue.SimpleQueue = queue.SimpleQueue()
+_LASTING: list = []              # the one thread that starts this grader's long-lived processes
+_LASTING_LOCK = threading.Lock()
+
+
+def lasting(start):
+    """`start()` run in a thread that lasts as long as this grader (a daemon thread, started once): a
+    process it starts with PR_SET_PDEATHSIG dies with the grader, not with the job's thread that first
+    asked for it (a thread pool's thread may end while the warm process still serves others)."""
+    with _LASTING_LOCK:
+        if not _LASTING or not _LASTING[0].is_alive():
+            _LASTING[:] = [threading.Thread(target=_starter, name="paged-kv-lasting", daemon=True)]
+            _LASTING[0].start()
+    answer: queue.SimpleQueue = queue.SimpleQueue()
+    _STARTS.put((start, answer))
+    ok, value = answer.get()
+    if not ok:
+        raise value
+    return value
+
+
+def _starter() -> None:
+    while True:
+        start, answer = _STARTS.get()
+        try:
+            answer.put((True, start()))
+        except BaseException as error:  # noqa: BLE001 - handed to the caller, raised there
+            answer.put((False, error))
+
+
 class Warm:
     """The warm process of one grader, for one environment: started on the first request."""
 
     def __init__(self, argv: list[str], env: dict | None):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.process = subprocess.Popen(argv + [str(theirs.fileno())], env=env, pass_fds=(theirs.fileno(),),
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
-        theirs.close()
+        try:
+            self.process = lasting(lambda: subprocess.Popen(
+                argv + [str(theirs.fileno())], env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self.sock, self.lock = ours, threading.Lock()
 
     def fork(self, fds: tuple[int, int, int], cwd: str, env: dict | None, preimport: list[str],
@@ -88,8 +132,6 @@ class Warm:
         self.process.wait()
 
 
-_WARM: dict = {}
-_WARM_LOCK = threading.Lock()
 
 
 def judge(argv: list[str], fds: tuple[int, int, int], cwd: str, env: dict | None, preimport: list[str],
@@ -140,9 +182,10 @@ def main() -> None:
             return
         request = json.loads(message)
         _imports(request.get("preimport", []))
+        warm = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _become_judge(control, fds, request)
+            _become_judge(control, fds, request, warm)
         for fd in fds:
             os.close(fd)
         try:
@@ -156,9 +199,13 @@ def main() -> None:
         reap_children()
 
 
-def _become_judge(control: socket.socket, fds: list[int], request: dict) -> None:
-    """In the fork: a judge of its own session, folder and environment, on the descriptors it was sent."""
+def _become_judge(control: socket.socket, fds: list[int], request: dict, warm: int) -> None:
+    """In the fork: a judge of its own session, folder and environment, on the descriptors it was sent;
+    killed when the warm process ends (so when the grader does)."""
     try:
+        _die_with_parent()
+        if os.getppid() != warm:          # the warm process ended before the line above
+            os._exit(0)
         control.close()
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -172,6 +219,14 @@ def _become_judge(control: socket.socket, fds: list[int], request: dict) -> None
     except BaseException:  # noqa: BLE001 - a judge that cannot start ends; the grader sees it gone
         pass
     os._exit(0)
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _imports(modules) -> None:
