@@ -1,5 +1,7 @@
 """The chapter-7 checks pass on the engine's scheduler and cache, fail on stubs, and fail on the
 chapter's classic bugs, each with its own hint."""
+import sys
+
 import pytest
 
 from engine.cache.paged import PagedKVCache
@@ -382,3 +384,27 @@ def test_a_passing_milestone_writes_no_text(monkeypatch):
         raise AssertionError("continuations computed for a passing check")
     monkeypatch.setattr(ch07.continuations, "shown", never)
     passes(ch07.check_serving_under_pressure, Scheduler, PagedKVCache)
+
+
+# ---- the swap part of check_preempt runs the notebook's own swap, where it is written ---------------------
+
+def test_preempting_by_swap_runs_the_notebook_s_own_swap(monkeypatch):
+    """In the grader's host the engine's swap_out is Exercise 7.3's to write, so a cache the check built of
+    the engine's own class could not swap there (the part was always 'not checked yet'): the notebook's
+    PagedKVCache, when its swap_out and swap_in are written, is the cache preemption by swap runs on."""
+    swapped = []
+
+    class Swapping(PagedKVCache):
+        def swap_out(self, seq):
+            swapped.append(seq)
+            return super().swap_out(seq)
+
+        def swap_in(self, seq):
+            return super().swap_in(seq)
+    monkeypatch.setattr(sys.modules["__main__"], "PagedKVCache", Swapping, raising=False)
+    passes(ch07.check_preempt, Scheduler)
+    assert swapped
+    swapped.clear()
+    monkeypatch.setattr(sys.modules["__main__"], "PagedKVCache", PagedKVCache)     # the engine's: none of the learner's
+    passes(ch07.check_preempt, Scheduler)
+    assert not swapped

@@ -17,7 +17,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, continuations, expect_equal,
                            expect_raises, fail, passed, review_choice, review_number, served, shows_text, tiny)
-from engine.checks.compose import naming_earlier_pieces, one_class
+from engine.checks.compose import naming_earlier_pieces, one_class, written_later
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -58,9 +58,9 @@ def _sequence(seq_id: int, tokens: list[int], max_tokens: int = 8, n: int = 1, s
     return seq
 
 
-def _scheduler(cls, num_blocks: int, block_size: int = 4, prefix: bool = False, **config):
-    """The learner's scheduler over a fresh PagedKVCache of the tiny model (and a prefix cache)."""
-    cache = PagedKVCache(tiny().config, num_blocks, block_size=block_size)
+def _scheduler(cls, num_blocks: int, block_size: int = 4, prefix: bool = False, cache_cls=PagedKVCache, **config):
+    """The learner's scheduler over a fresh PagedKVCache (or `cache_cls`) of the tiny model (and a prefix cache)."""
+    cache = cache_cls(tiny().config, num_blocks, block_size=block_size)
     prefix_cache = None
     if prefix:
         prefix_cache = PrefixCache(cache)
@@ -280,8 +280,8 @@ def _check_choose_victim(cls) -> None:
            "this step")
 
 
-def _preempt_case(cls, mode: str, prefix: bool = False, **config):
-    sched = _scheduler(cls, num_blocks=16, block_size=4, prefix=prefix, preemption=mode, **config)
+def _preempt_case(cls, mode: str, prefix: bool = False, cache_cls=PagedKVCache, **config):
+    sched = _scheduler(cls, num_blocks=16, block_size=4, prefix=prefix, cache_cls=cache_cls, preemption=mode, **config)
     old, new = _sequence(0, seeded_tokens(9, seed=1)), _sequence(1, seeded_tokens(10, seed=2))
     for seq in (old, new):
         _run_prefill(sched, seq)
@@ -300,11 +300,11 @@ def _recording_publish(sched) -> list[tuple[int, bool]]:
     return calls
 
 
-def _preempt_publishes(cls, mode: str) -> None:
+def _preempt_publishes(cls, mode: str, cache_cls=PagedKVCache) -> None:
     """With a prefix cache: a recompute publishes the victim's 2 full blocks before their release and before
     the reset; a swap publishes nothing (its K/V come back from the host, and cached blocks would stay in
     the pool, held by the prefix cache)."""
-    sched, _, new = _preempt_case(cls, mode, prefix=True)
+    sched, _, new = _preempt_case(cls, mode, prefix=True, cache_cls=cache_cls)
     calls = _recording_publish(sched)
     free_before = sched.cache.allocator.num_free
     what = f"preempt by {mode} of a 10-token sequence (2 full blocks of 4) with a prefix cache"
@@ -333,6 +333,14 @@ def _preempt_publishes(cls, mode: str) -> None:
         hint = ("preempt never published the victim: call self.publish(seq) before releasing it, so "
                 "re-admission finds its blocks in the prefix cache")
     fail(f"{what}: blocks in the prefix cache afterwards", 2, 0, hint)
+
+
+def _swapping_cache(cls):
+    """The cache class whose swap a preemption by swap runs: the notebook's PagedKVCache when its swap_out and
+    swap_in are written (Exercise 7.3; read where the learner's scheduler lives, so in the grader's host the
+    cache is built there and runs the learner's own swap), else the engine's."""
+    [notebook_cache] = written_later(cls, (("PagedKVCache", ("swap_out", "swap_in")),))
+    return notebook_cache or PagedKVCache
 
 
 @check
@@ -373,10 +381,11 @@ def _check_preempt(cls) -> None:
                 "first) and counts it in seq.preemptions and self.preemptions")
     _preempt_publishes(cls, "recompute")
     proved.note("a recompute publishes the full blocks before releasing them")
-    with served("preempting by swap"):     # swap_out is Exercise 7.4
+    with served("preempting by swap"):     # swap_out is Exercise 7.3: the notebook's own cache, where written
+        cache_cls = _swapping_cache(cls)
         # "auto" decides by length: preemption_mode says which, and preempt must follow it.
         for computed in (9, 10):
-            sched, old, new = _preempt_case(cls, "auto", swap_min_tokens=computed)
+            sched, old, new = _preempt_case(cls, "auto", cache_cls=cache_cls, swap_min_tokens=computed)
             victim = old if computed == 10 else new   # old (9 computed) recomputes; new (10) swaps
             want, computed_before = sched.preemption_mode(victim), victim.num_computed
             try:
@@ -390,7 +399,7 @@ def _check_preempt(cls) -> None:
                          "mode = self.preemption_mode(seq) decides swap or recompute; use it and return it")
         proved.note("'auto' follows preemption_mode")
         # Swap: the K/V go to the host, the progress stays.
-        sched, old, new = _preempt_case(cls, "swap")
+        sched, old, new = _preempt_case(cls, "swap", cache_cls=cache_cls)
         free_before = sched.cache.allocator.num_free
         mode = sched.preempt(new)
         expect_equal(mode, "swap", "preempt with SchedulerConfig(preemption='swap') returned")
@@ -404,7 +413,7 @@ def _check_preempt(cls) -> None:
                      "a swapped victim keeps num_computed (its K/V are on the host), is marked SWAPPED, "
                      "appended to self.swapped, and self.swapped_tokens grows by its num_computed")
         proved.note("swap moves the K/V to the host and keeps the progress")
-        _preempt_publishes(cls, "swap")
+        _preempt_publishes(cls, "swap", cache_cls)
         proved.note("a swap publishes nothing")
     proved.passed()
 
