@@ -408,3 +408,20 @@ def test_preempting_by_swap_runs_the_notebook_s_own_swap(monkeypatch):
     monkeypatch.setattr(sys.modules["__main__"], "PagedKVCache", PagedKVCache)     # the engine's: none of the learner's
     passes(ch07.check_preempt, Scheduler)
     assert not swapped
+
+
+def test_a_swap_branch_bug_in_preempt_loses_exercise_7_2_through_the_grader():
+    """Through make grade's sealed grader, where the engine's swap_out is the learner's to write: preempt's
+    swap branch that publishes the victim is caught by check_preempt's swap part (which used to be always
+    'not checked yet' there), and costs Exercise 7.2 only."""
+    from fixtures.course_support import BUILD, REPO, expanded, grade_json, possible, scores, with_cell_edited, \
+        write_notebook
+    chapter = REPO / "solutions" / "ch07_continuous_batching.py"
+    notebook = with_cell_edited(expanded(chapter), "ch07_preempt", lambda source: source.replace(
+        "            self.release(seq, swap=True)",
+        "            self.publish(seq)\n            self.release(seq, swap=True)"))
+    folder = BUILD / "styles" / "ch07-swap-publishes"
+    write_notebook(notebook, folder, chapter.stem)
+    report = grade_json(folder, REPO / "solutions")
+    lost = {key for key, points in possible(report).items() if scores(report)[key] != points}
+    assert lost == {("ch07_continuous_batching", "ch07_test_preempt")}, lost

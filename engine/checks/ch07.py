@@ -337,10 +337,11 @@ def _preempt_publishes(cls, mode: str, cache_cls=PagedKVCache) -> None:
 
 def _swapping_cache(cls):
     """The cache class whose swap a preemption by swap runs: the notebook's PagedKVCache when its swap_out and
-    swap_in are written (Exercise 7.3; read where the learner's scheduler lives, so in the grader's host the
-    cache is built there and runs the learner's own swap), else the engine's."""
+    swap_in are written and pass check_swap (Exercise 7.3; read where the learner's scheduler lives, so in the
+    grader's host the cache is built there and runs the learner's own swap), else the engine's (a swap bug
+    costs Exercise 7.3, not this one)."""
     [notebook_cache] = written_later(cls, (("PagedKVCache", ("swap_out", "swap_in")),))
-    return notebook_cache or PagedKVCache
+    return notebook_cache if notebook_cache is not None and _swap_problem(notebook_cache) is None else PagedKVCache
 
 
 @check
