@@ -27,7 +27,7 @@ import sys
 import threading
 
 # What every judge imports, done once in the warm process (a plan's `preimport` is added as it comes).
-WARM_IMPORTS = ("torch", "engine.course.sealed.judge", "engine.checks")
+WARM_IMPORTS = ("torch", "engine.course.sealed.judge", "engine.checks", "engine.course.sandbox")
 
 _WARM: dict = {}
 _WARM_LOCK = threading.Lock()
@@ -132,8 +132,6 @@ class Warm:
         self.process.wait()
 
 
-
-
 def judge(argv: list[str], fds: tuple[int, int, int], cwd: str, env: dict | None, preimport: list[str],
           timeout: float = 120) -> Forked | None:
     """A judge forked from this grader's warm process for `env` (started with `argv` on first use), or None."""
@@ -203,7 +201,8 @@ def _become_judge(control: socket.socket, fds: list[int], request: dict, warm: i
     """In the fork: a judge of its own session, folder and environment, on the descriptors it was sent;
     killed when the warm process ends (so when the grader does)."""
     try:
-        _die_with_parent()
+        from engine.course.sandbox import die_with_parent   # imported (prctl looked up) in the warm process
+        die_with_parent()
         if os.getppid() != warm:          # the warm process ended before the line above
             os._exit(0)
         control.close()
@@ -219,14 +218,6 @@ def _become_judge(control: socket.socket, fds: list[int], request: dict, warm: i
     except BaseException:  # noqa: BLE001 - a judge that cannot start ends; the grader sees it gone
         pass
     os._exit(0)
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _imports(modules) -> None:
