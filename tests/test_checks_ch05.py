@@ -528,6 +528,7 @@ def test_a_later_piece_left_as_the_release_has_it_joins_nothing(monkeypatch):
     passes(ch05.check_attach, AttachOnKeys, KeysOwn)
 
 
+@pytest.mark.slow
 def test_honest_styles_score_full_marks_through_the_grader():
     """Through make grade's sealed grader (the pieces in the host, on its stubbed engine, where Exercise 5.4's
     bodies run the notebook's definitions): forget refreshing the parent through zero-argument super() keeps
