@@ -57,7 +57,6 @@ import engine.config
 from engine.blocks import ceil_div
 from engine.cache.allocator import BlockAllocator as ReferenceAllocator  # the engine's
 from engine.cache.errors import BlockRefError, OutOfBlocks
-from engine.cache.paged import PagedKVCache
 from engine.cache.slots import check_block_size
 from engine.checkpoint import tiny_model
 from engine.checks import ch02
@@ -397,10 +396,15 @@ ch02.check_refcounts_balance(BlockAllocator, steps=600, seed=7)
 # ## 2.6 Your allocator inside the engine
 #
 # `PagedKVCache` accepts any object with the allocator's methods. The decisive check hands it *your*
-# class, first scrambling the free list so physical blocks come out in no particular order, and then:
+# class, first scrambling the free list so physical blocks come out in no particular order. The methods
+# that store and read keys and values through the tables are chapter 3's exercises, so until then the
+# check uses its own plain, one-position-at-a-time versions (`ch02.BlockTableCache`, a subclass of the
+# engine's `PagedKVCache`); the K/V pools and the attention that reads them through your tables are the
+# engine's. The check:
 #
 # 1. prefills a ragged batch of four sequences of lengths $b-1$, $b$, $b+1$ and $2b+1$ ($b = 4$);
-# 2. forks the longest one and frees the parent, so the child's blocks must survive with one owner;
+# 2. forks the longest one (a new sequence whose table names the same blocks, each with one more owner)
+#    and frees the parent, so the child's blocks must survive with one owner;
 # 3. admits a newcomer, whose blocks come off the free list and must not be the child's;
 # 4. decodes four steps for everyone.
 #
@@ -418,9 +422,10 @@ ch02.check_allocator_in_engine(BlockAllocator, block_size=2, num_blocks=40, seed
 # Here is what that looks like from the inside. The cell prefills five prompts through a cache whose
 # free list has been scrambled, prints each block table, compares the logits with a from-scratch run,
 # and draws the pool: one cell per physical block, coloured by the sequence that owns it. The
-# sequences' blocks interleave in the pool, yet every sequence reads back exactly its own history. It
-# uses the engine's `BlockAllocator`, so it runs before you have written yours; the cell after it runs
-# the same prompts through yours.
+# sequences' blocks interleave in the pool, yet every sequence reads back exactly its own history. The
+# cache is the check's `ch02.BlockTableCache`, as above. This cell uses the engine's `BlockAllocator`
+# (in a student edition of the engine, whose chapter-2 methods call the ones your notebook defines, that
+# is yours, and the cell needs Exercise 2.3); the cell after it runs the same prompts through yours.
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_pool", "locked": true, "schema_version": 3, "solution": false}
 model = tiny_model(seed=0)
@@ -428,7 +433,7 @@ prompts = [torch.randint(0, 256, (n,)).tolist() for n in (3, 9, 6, 13, 4)]
 
 
 def fill_pool(allocator_class, num_blocks=24, block_size=4):
-    """Prefill `prompts` through a PagedKVCache whose allocator (an `allocator_class`)
+    """Prefill `prompts` through a paged cache whose allocator (an `allocator_class`)
     hands blocks out in scrambled order; print each table and its largest logit
     difference from a from-scratch run."""
     allocator = allocator_class(num_blocks)
@@ -436,8 +441,8 @@ def fill_pool(allocator_class, num_blocks=24, block_size=4):
     random.Random(1).shuffle(order)
     for block in order:        # scramble the free list, as a long-running server would
         allocator.release(block)
-    cache = PagedKVCache(model.config, num_blocks, block_size=block_size,
-                         allocator=allocator)
+    cache = ch02.BlockTableCache(model.config, num_blocks, block_size=block_size,
+                                 allocator=allocator)
     for seq in range(len(prompts)):
         cache.create(seq)
     cached = cached_step(model, cache, list(range(len(prompts))), prompts)

@@ -3,7 +3,9 @@
 Each check takes the learner's function or class. The slot math is compared with the arithmetic it
 must implement (`table[p // bs]`, `p % bs`); the allocator is driven through scripted workloads and
 compared with a model of what its refcounts must be; the decisive check plugs the allocator into the
-engine's `PagedKVCache` and compares every logit with a from-scratch run of the same model.
+engine's `PagedKVCache` and compares every logit with a from-scratch run of the same model. The cache's
+methods that chapters 3 and 4 teach are done here, plainly (`BlockTableCache`), so the check runs in an
+edition of the engine where those chapters are still to write.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import random
 import torch
 
 from engine.cache.errors import BlockRefError, OutOfBlocks
+from engine.cache.paged import PagedKVCache
 from engine.checks import (ATOL, CheckFailed, ceil_div, check, compare_logits, expect_equal, expect_raises, fail,
                            passed, tiny)
 from engine.seeded import seeded_tokens
@@ -513,6 +516,73 @@ def _compare_counts(allocator, counts: dict[int, int], log: list[str]) -> None:
 # the decisive check: the learner's allocator inside the engine
 # --------------------------------------------------------------------------------------------------
 
+class BlockTableCache(PagedKVCache):
+    """The engine's PagedKVCache (its K/V pools, its block tables, its attention, which reads the pools
+    through the tables) with chapter 3's and chapter 4's methods done here the plain, slow way, one
+    position at a time, so that chapter 2 runs in an edition of the engine where those chapters are
+    still to write. reserve takes the blocks the next tokens need from the allocator, set_batch names
+    the batch, write stores the key and value of position p at offset p % bs of block table[p // bs],
+    free and truncate give blocks back, fork shares a table's blocks (no copy-on-write: nothing here
+    writes into a shared block). Chapter 3 has the learner write the real ones."""
+
+    def __init__(self, config, num_blocks: int, block_size: int = 16, dtype=torch.float32, device="cpu",
+                 allocator=None):
+        super().__init__(config, num_blocks, block_size=block_size, dtype=dtype, device=device,
+                         allocator=allocator, attention="torch")
+
+    def reserve(self, seq: int, n: int) -> None:
+        """Take from the allocator the blocks that positions [length, length + n) need."""
+        if self.shared_writes(seq, n):
+            raise ValueError(f"sequence {seq} would write into a shared block: that needs chapter 4")
+        self.table(seq).extend(self.allocator.allocate(self.blocks_wanted(seq, n)))
+
+    def set_batch(self, seqs) -> None:
+        """The batch's sequences, their tables (padded with block 0) and their lengths, as tensors."""
+        self.batch = list(seqs)
+        width = max([1] + [len(self.table(seq)) for seq in self.batch])
+        rows = [self.table(seq) + [0] * (width - len(self.table(seq))) for seq in self.batch]
+        self.block_tables = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.batch_lengths = torch.tensor([self.lengths[seq] for seq in self.batch], dtype=torch.long,
+                                          device=self.device)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Store k, v [B, Hkv, T, D] position by position; return each row's length after the step."""
+        bs = self.block_size
+        lengths = []
+        for row, seq in enumerate(self.batch):
+            table, length = self.tables[seq], self.lengths[seq]
+            for column, p in enumerate(positions[row].tolist()):
+                if p >= 0:                                    # -1 is padding
+                    self.k_pools[layer][table[p // bs], :, p % bs] = k[row, :, column].to(self.dtype)
+                    self.v_pools[layer][table[p // bs], :, p % bs] = v[row, :, column].to(self.dtype)
+                    length = max(length, p + 1)
+            lengths.append(length)
+        if layer == len(self.k_pools) - 1:                    # the last layer commits the lengths
+            self.lengths.update(zip(self.batch, lengths))
+        return torch.tensor(lengths, dtype=torch.long, device=self.device)
+
+    def free(self, seq: int) -> None:
+        """Release every block of seq's table and forget it."""
+        for block in self.table(seq):
+            self.allocator.release(block)
+        del self.tables[seq], self.lengths[seq]
+
+    def truncate(self, seq: int, length: int) -> None:
+        """Keep seq's first `length` tokens; release the blocks past them."""
+        table = self.table(seq)
+        keep = ceil_div(length, self.block_size)
+        for block in table[keep:]:
+            self.allocator.release(block)
+        del table[keep:]
+        self.lengths[seq] = length
+
+    def fork(self, parent: int, child: int) -> None:
+        """child starts as parent's tokens: the same blocks, each with one more owner."""
+        self.create(child)
+        self.share_blocks(child, self.table(parent))
+        self.set_length(child, self.lengths[parent])
+
+
 @check
 def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, seed: int = 0) -> None:
     """Plug the allocator into PagedKVCache and compare logits with from-scratch runs.
@@ -521,7 +591,6 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
     freed, a newcomer is admitted into the released blocks, and everyone decodes; at every step each
     sequence's logits must equal those of a from-scratch run of its whole sequence.
     """
-    from engine.cache.paged import PagedKVCache
     from engine.generate import cached_step, scratch_logits
 
     model = tiny()
@@ -533,8 +602,7 @@ def check_allocator_in_engine(cls, block_size: int = 4, num_blocks: int = 24, se
         allocator.release(b)
     expect_equal(allocator.num_free, num_blocks, "after allocating the whole pool and releasing it: num_free",
                  _pool_hint(allocator.num_free, num_blocks))
-    cache = PagedKVCache(model.config, num_blocks, block_size=block_size, dtype=torch.float32,
-                         device="cpu", allocator=allocator)
+    cache = BlockTableCache(model.config, num_blocks, block_size=block_size, allocator=allocator)
     bs = block_size
     lengths = [bs - 1, bs, bs + 1, 2 * bs + 1]
     prompts = {i: seeded_tokens(n, seed=100 + i) for i, n in enumerate(lengths)}
