@@ -49,15 +49,16 @@ import time
 
 import torch
 
+from engine.blocks import ceil_div
 from engine.cache.protocol import KVCache, new_lengths
-from engine.cache.static import StaticKVCache as ReferenceStaticCache   # the engine's
 from engine.checkpoint import TRAINED_DIR, tiny_model, trained_model
 from engine.checks import ch01
 from engine.config import ModelConfig, known_config
 from engine.config import kv_bytes_per_token as reference_kv_bytes    # the engine's
 from engine.course.figures.ch01 import plot_decode_cost, plot_reserved_vs_used
 from engine.course.widgets import explorer
-from engine.tools.demos.paged import paged_figures, request_lengths, static_figures
+from engine.tools.contiguous import ContiguousKVCache
+from engine.tools.demos.paged import request_lengths, static_figures
 from engine.generate import cached_step, generate, pack, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -170,13 +171,15 @@ for name in ("create", "reserve", "set_batch", "update", "free", "length"):
 # plus `kv_lens [B]`, how many of those keys are real. The **last** layer's call also commits the
 # new lengths. `length(seq)` says how many tokens a sequence holds, and `free(seq)` forgets it.
 #
-# The cell below watches the engine's contiguous cache (`engine/cache/static.py`, the one you will
-# complete in Exercise 1.2) through one prefill of two prompts and one decode step, printing every
-# protocol call the engine makes.
+# The cell below watches a contiguous cache of the engine through one prefill of two prompts and one
+# decode step, printing every protocol call the engine makes. It is `ContiguousKVCache`
+# (`engine/tools/contiguous.py`, the baseline chapter 7 measures paging against) with a region of 16
+# positions per sequence: the same layout as the `StaticKVCache` of `engine/cache/static.py`, whose
+# `update` is yours to write in Exercise 1.2, so this cell runs before you have written it.
 
 # %% nbgrader={"grade": false, "grade_id": "ch01_trace", "locked": true, "schema_version": 3, "solution": false}
-class TracedCache(ReferenceStaticCache):
-    """The engine's static cache, printing each protocol call it receives."""
+class TracedCache(ContiguousKVCache):
+    """The engine's contiguous cache, printing each protocol call it receives."""
 
     def reserve(self, seq, num_new):
         print(f"  reserve(seq={seq}, num_new={num_new})")
@@ -194,7 +197,7 @@ class TracedCache(ReferenceStaticCache):
         return keys, values, kv_lens
 
 
-traced = TracedCache(config, max_seqs=2, capacity=16)
+traced = TracedCache(config, pool_tokens=2 * 16, max_len=16)   # 2 regions of 16
 for seq in (0, 1):
     traced.create(seq)
 print("prefill:")
@@ -222,9 +225,9 @@ print(f"decode logits vs a from-scratch run of the whole sequences: max |Δ| = "
 # $$
 #
 # token positions through the model: quadratic against linear. The cell below generates the same
-# greedy continuation both ways, checks the tokens agree, and times every step. It uses a model a
-# little wider than the tiny one (hidden size 192 instead of 64), so that the arithmetic, not
-# Python's per-call overhead, takes most of the time.
+# greedy continuation both ways (the cache is the contiguous one of the cell above), checks the tokens
+# agree, and times every step. It uses a model a little wider than the tiny one (hidden size 192
+# instead of 64), so that the arithmetic, not Python's per-call overhead, takes most of the time.
 
 # %% nbgrader={"grade": false, "grade_id": "ch01_why", "locked": true, "schema_version": 3, "solution": false}
 wide = tiny_model(seed=0, hidden_size=192, intermediate_size=384,
@@ -239,7 +242,8 @@ for step in range(steps):
     scratch_positions.append(len(scratch_tokens))
     scratch_tokens.append(int(last.argmax()))
 
-cache = ReferenceStaticCache(wide.config, max_seqs=1, capacity=len(prompt) + steps)
+cache = ContiguousKVCache(wide.config, pool_tokens=len(prompt) + steps,
+                          max_len=len(prompt) + steps)
 cache.create(0)
 cached_tokens, cached_ms, cached_positions, new = list(prompt), [], [], list(prompt)
 for step in range(steps):
@@ -483,7 +487,8 @@ ch01.check_slots_that_fit(slots_that_fit)
 # cell below works out how many 1,024-token static slots fit in it, ignoring activations and
 # workspace (a real engine also keeps a few GB for those, so the true count is lower), and how many
 # requests of the workload above the same bytes would hold if the cache stored only what the
-# requests use, in 16-token blocks (chapters 2 and 3).
+# requests use, in 16-token blocks (chapters 2 and 3): each request takes $\lceil n/16 \rceil$ whole
+# blocks, counted with the engine's ceiling division (`engine.blocks.ceil_div`).
 
 # %% nbgrader={"grade": false, "grade_id": "ch01_capacity", "locked": true, "schema_version": 3, "solution": false}
 llama13 = known_config("llama-2-13b")
@@ -493,8 +498,8 @@ weights = Roofline(llama13, gpu).weight_bytes
 per_token = reference_kv_bytes(llama13, 2)
 free = gpu_bytes - weights
 slots = free // (1024 * per_token)
-paged = paged_figures(lengths, block_size=16)
-per_request = paged["slots_reserved"] / len(lengths) * per_token  # blocks in use
+blocks = sum(ceil_div(n, 16) for n in lengths)   # whole blocks of 16 per request
+per_request = blocks * 16 / len(lengths) * per_token
 print(f"Llama-2-13B fp16 weights: {weights / 1e9:.1f} GB of {gpu.memory_gb:.0f} GB; "
       f"{free / 1e9:.1f} GB left for the KV cache")
 print(f"{per_token:,} B per token -> a 1,024-token slot is "
@@ -502,7 +507,7 @@ print(f"{per_token:,} B per token -> a 1,024-token slot is "
       f"so at most {slots} requests at once")
 print(f"at {static['utilization']:.1%} utilization those {slots} slots hold "
       f"{slots * 1024 * static['utilization']:,.0f} tokens")
-print(f"in blocks of 16 ({paged['utilization']:.1%} utilization), "
+print(f"in blocks of 16 ({sum(lengths) / (blocks * 16):.1%} utilization), "
       f"the same bytes hold {free / per_request:.0f} requests of this workload")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch01_capacity_md2", "locked": true, "schema_version": 3, "solution": false}
