@@ -50,6 +50,7 @@
 import torch
 
 import engine.cache.paged
+from engine.cache.block_tables import BlockTables
 from engine.cache.errors import OutOfBlocks
 from engine.cache.slots import blocks_needed, slot_mapping
 from engine.checkpoint import tiny_model
@@ -66,14 +67,18 @@ model = tiny_model(seed=0)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch03_why_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 3.1 Why: the same requests, two caches
 #
-# The workload of chapter 1: 32 live requests of 20 to 500 tokens. The cell stores them twice with the
-# engine's caches, once in a `StaticKVCache` that gives each request a slot of 1,024 tokens, once in a
-# `PagedKVCache` with blocks of 16, and prints how much of the reserved memory holds tokens.
+# The workload of chapter 1: 32 live requests of 20 to 500 tokens. The cell stores them in the
+# engine's `StaticKVCache`, which gives each request a slot of 1,024 tokens, and counts what a paged
+# cache with blocks of 16 reserves for them: $\lceil n/16 \rceil$ whole blocks for a request of $n$
+# tokens (chapter 2's `blocks_needed`; the cache you build in this chapter reserves exactly that).
+# It prints how much of the reserved memory holds tokens.
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_why", "locked": true, "schema_version": 3, "solution": false}
 lengths = request_lengths(32, 20, 500, seed=0)
 static = static_figures(lengths, capacity=1024)
-paged = ch03.utilization(ReferenceCache, lengths, block_size=16)
+blocks = sum(blocks_needed(n, 16) for n in lengths)
+paged = {"tokens_stored": sum(lengths), "slots_reserved": 16 * blocks,
+         "utilization": sum(lengths) / (16 * blocks)}
 print(f"{len(lengths)} requests, {sum(lengths):,} tokens")
 print(f"static slots of 1,024: {static['slots_reserved']:,} slots reserved, "
       f"utilization {static['utilization']:.1%}")
@@ -115,24 +120,37 @@ print(f"                       ({paged['slots_reserved'] - paged['tokens_stored'
 # 4. When a request ends, **`free(seq)`** gives its blocks back; **`truncate(seq, length)`** gives
 #    back only the blocks past a shorter length (speculative decoding rejects draft tokens that way).
 #
-# **Worked example.** The cell reserves room for a 5-token prompt with blocks of 4 in a pool whose free
-# list is scrambled, writes it through the engine's cache, then reserves one more token at a time.
+# **Worked example.** The cell follows one sequence's block table, blocks of 4, in a pool whose free
+# list is scrambled: room for a 5-token prompt, then one more token at a time. It works the formula
+# above by hand, on the engine's bookkeeping (`BlockTables`, `engine/cache/block_tables.py`: the tables
+# and lengths of a paged cache, no tensors) and allocator, which is what `reserve` does while nothing
+# is shared; where the forward pass would store the tokens and its last layer commit the length, it
+# only adds to the length.
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_worked", "locked": true, "schema_version": 3, "solution": false}
 scrambled = ch03.shuffled_allocator(12, seed=5)      # free list in scrambled order
-worked = ReferenceCache(model.config, 12, block_size=4, allocator=scrambled)
+worked = BlockTables(4, scrambled)                   # tables and lengths, no tensors
 worked.create(0)
-worked.reserve(0, 5)
-print(f"reserve(0, 5): table {worked.tables[0]}, length {worked.length(0)} "
+
+
+def room_for(seq, n):
+    """max(0, ceil((L + n) / b) - |T|) new blocks from the allocator, nothing shared."""
+    table = worked.table(seq)
+    new = max(0, blocks_needed(worked.lengths[seq] + n, 4) - len(table))
+    table.extend(scrambled.allocate(new))
+
+
+room_for(0, 5)
+print(f"room for 5 tokens: table {worked.tables[0]}, length {worked.length(0)} "
       f"(ceil(5 / 4) = {blocks_needed(5, 4)} blocks;\n"
       "  the forward pass writes the tokens)")
-cached_step(model, worked, [0], [seeded_tokens(5, seed=1)])
+worked.lengths[0] += 5                                 # the prefill's last layer
 print(f"after the prefill: length {worked.length(0)}; position 4 lives in block "
       f"{worked.tables[0][4 // 4]} at offset {4 % 4}")
 for step in range(4):
     before = list(worked.tables[0])
-    worked.reserve(0, 1)
-    cached_step(model, worked, [0], [[step]])
+    room_for(0, 1)
+    worked.lengths[0] += 1                             # one decode step
     print(f"decode step {step + 1}: position {worked.length(0) - 1}, "
           f"table {worked.tables[0]}"
           + ("  <- a new block" if worked.tables[0] != before else ""))
@@ -353,14 +371,14 @@ ch03.check_cache_matches_scratch(PagedKVCache, YourStorage, YourReserve,
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch03_yours_demo_md", "locked": true, "schema_version": 3, "solution": false}
 # **With your code: the chapter's demo.** This cell needs all three exercises. It stores the 32
 # requests of section 3.1 in *your* cache, with blocks of 16, and sets the result beside the static
-# cache of 1,024-token slots.
+# cache of 1,024-token slots and the block count of section 3.1.
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_yours_demo", "locked": true, "schema_version": 3, "solution": false}
 yours = ch03.utilization(YourCache, lengths, block_size=16)
 print(f"static slots of 1,024: utilization {static['utilization']:.3f}")
 print(f"your paged cache (16): utilization {yours['utilization']:.3f}, "
       f"{yours['slots_reserved']:,} slots for {yours['tokens_stored']:,} tokens")
-print(f"the engine's (16):     utilization {paged['utilization']:.3f}")
+print(f"block count (16):      utilization {paged['utilization']:.3f}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch03_sweep_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 3.6 Choosing the block size
