@@ -36,8 +36,11 @@
 # The last check puts your four pieces together, serves requests through the engine's scheduler
 # and paged cache, and compares every logit with a run that uses no cache at all.
 #
-# **Which cells need your code.** Figures and the explorer use the engine's own `PrefixCache`, so
-# they run before you have written anything. Two cells run *your* code, each after the tests it
+# **Which cells need your code.** The demonstrations of section 5.1 use a small prefix cache of their
+# own, so they run before you have written anything. The eviction timing after Exercise 5.4 and the
+# explorer after the milestone use the engine's `PrefixCache`; in a student edition of the engine its
+# methods are the ones your notebook defines, so those cells stop with "not written yet" until you
+# have written them. Two cells run *your* code by name, each after the tests it
 # needs, under a heading that starts with **With your code** ("your keys" after Exercise 5.1, "your
 # prefix tree" after the milestone). Until then they stop with `NotImplementedError`, which is
 # expected; no other cell needs your code.
@@ -93,13 +96,48 @@ print(f"...with a prefix cache: {full_blocks} full blocks stored once, "
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_demo_md", "locked": true, "schema_version": 3, "solution": false}
 # The same effect at the scale of our tiny model: a few requests, each a system prompt of a few full
-# blocks followed by tokens of its own, served one after another through the engine's `PrefixCache`
-# (this is `python -m engine prefix`). Every request's logits are compared with a cold prefill of
-# its whole prompt.
+# blocks followed by tokens of its own, served one after another by the engine's
+# `shared_prompt.run` (what `python -m engine prefix` runs) over the engine's `PagedKVCache`. Its
+# prefix cache here is `OnePromptPrefix`, this section's idea cut down to one prompt: it remembers the
+# full blocks of the first prompt, and a later prompt that starts with the same tokens shares those
+# blocks (one more owner each) instead of prefilling them. The real `PrefixCache`, which finds any
+# cached prefix, is this chapter's exercises; section 5.6 reruns this demo through yours. Every
+# request's logits are compared with a cold prefill of its whole prompt.
 
 # %% nbgrader={"grade": false, "grade_id": "ch05_demo", "locked": true, "schema_version": 3, "solution": false}
+class OnePromptPrefix:
+    """A prefix cache that knows one prompt: the first one's full blocks."""
+
+    def __init__(self, cache):
+        self.cache, self.tokens, self.blocks = cache, [], []
+
+    def attach(self, seq, prompt):
+        """Create seq on the remembered blocks its prompt starts with; return the
+        tokens reused."""
+        bs, shared = self.cache.block_size, []
+        for i, block in enumerate(self.blocks):
+            if list(prompt[:(i + 1) * bs]) != self.tokens[:(i + 1) * bs]:
+                break
+            shared.append(block)
+        self.cache.create(seq)
+        self.cache.share_blocks(seq, shared)
+        reused = min(len(shared) * bs, len(prompt) - 1)   # the last token is prefilled
+        self.cache.set_length(seq, reused)
+        return reused
+
+    def remember(self, seq, prompt):
+        """The first prompt's full, computed blocks and their tokens."""
+        if not self.blocks:
+            full = self.cache.length(seq) // self.cache.block_size
+            self.blocks = list(self.cache.tables[seq][:full])
+            self.tokens = list(prompt[:full * self.cache.block_size])
+
+    def stats(self):
+        return {"cached_blocks": len(self.blocks)}
+
+
 shape = dict(requests=8, system_tokens=96, own_tokens=8, block_size=16)
-demo = prefix_demo(**shape)
+demo = prefix_demo(**shape, prefix_class=OnePromptPrefix)
 print(f"{shape['requests']} requests: a {shape['system_tokens']}-token system prompt "
       f"({shape['system_tokens'] // shape['block_size']} full blocks of "
       f"{shape['block_size']}) + {shape['own_tokens']} tokens of their own")
@@ -112,11 +150,12 @@ print(f"blocks in use {demo['blocks_in_use']} vs {demo['blocks_without_sharing']
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_growth_md", "locked": true, "schema_version": 3, "solution": false}
 # The first request prefills its whole prompt and publishes the system prompt's full blocks; each
 # later one attaches to them and prefills only its own tokens, into one block of its own. The figure
-# follows the same workload as requests pile up: without sharing, prefill work and memory both grow
-# by the whole prompt per request; with it, by the request's own tokens.
+# follows the same workload as requests pile up, through the same `OnePromptPrefix` (the engine's
+# bookkeeping of tables and blocks, no model): without sharing, prefill work and memory both grow by
+# the whole prompt per request; with it, by the request's own tokens.
 
 # %% nbgrader={"grade": false, "grade_id": "ch05_growth", "locked": true, "schema_version": 3, "solution": false}
-growth = figures.sharing_growth(max_requests=16)
+growth = figures.sharing_growth(max_requests=16, prefix_class=OnePromptPrefix)
 print(f"the first request prefills {growth['prefilled'][0]} tokens in "
       f"{growth['blocks'][0]} blocks; each later one "
       f"{growth['prefilled'][1] - growth['prefilled'][0]} tokens in "
@@ -339,12 +378,8 @@ ch05.check_remember(Remember, Attach, Keys)
 # When an evicted entry's parent loses its last child, the parent becomes a leaf. It goes to the
 # *front* of the line (`refresh(parent, front=True)`): its chain was the least recently used one,
 # and a chain leaves the cache from its tail, like vLLM frees a request's blocks tail first.
-# `python -m engine bench-prefix` measures what one eviction costs as the cache grows; a small run:
-
-# %% nbgrader={"grade": false, "grade_id": "ch05_bench", "locked": true, "schema_version": 3, "solution": false}
-for entries in (1_000, 10_000, 30_000):
-    ns = bench_prefix.time_evict(entries, rounds=3)
-    print(f"{entries:>7,} entries, half held: {ns / 1000:.1f} µs per evicted block")
+# `python -m engine bench-prefix` measures what one eviction costs as the cache grows; after the
+# exercise, a small run of it evicts with yours.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_ex_evict_md", "locked": true, "schema_version": 3, "solution": false}
 # ### Exercise 5.4 — `evictable`, `evict` and `forget` (4 points)
@@ -373,6 +408,17 @@ Evict = PrefixCache
 
 # %% nbgrader={"grade": true, "grade_id": "ch05_test_evict", "locked": true, "points": 4, "schema_version": 3, "solution": false}
 ch05.check_evict(Evict, Remember, Attach, Keys)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_bench_md", "locked": true, "schema_version": 3, "solution": false}
+# **What one eviction costs.** A small run of `python -m engine bench-prefix`: caches of growing size,
+# half their entries held by a sequence, evicting through the engine's `PrefixCache` (in a student
+# edition of the engine, with the methods your notebook defines: until you have written them, the cell
+# stops with "not written yet"). The time per evicted block should not grow with the cache.
+
+# %% nbgrader={"grade": false, "grade_id": "ch05_bench", "locked": true, "schema_version": 3, "solution": false}
+for entries in (1_000, 10_000, 30_000):
+    ns = bench_prefix.time_evict(entries, rounds=3)
+    print(f"{entries:>7,} entries, half held: {ns / 1000:.1f} µs per evicted block")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch05_milestone_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 5.6 The milestone: your prefix cache in the engine
