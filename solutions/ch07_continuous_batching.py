@@ -45,8 +45,10 @@
 # requests get preempted both ways, and demands that every request's output equal its solo run token
 # for token, every logit a from-scratch run within $10^{-5}$, and that no block leak.
 #
-# **Which cells need your code.** Figures and benchmarks use the engine's reference scheduler and run
-# before you have written anything. Besides the graded checks, one cell, headed **With your code**,
+# **Which cells need your code.** Figures and benchmarks use the engine's reference scheduler. In a
+# student edition of the engine its methods that you write are the ones your notebook defines, so the
+# measurements of section 7.7 stop with "not written yet" until you have written the exercises; the
+# cells before the exercises need none of them. Besides the graded checks, one cell, headed **With your code**,
 # runs yours, after the milestone; until all four exercises are done it stops with
 # `NotImplementedError`, which is expected.
 
@@ -77,40 +79,19 @@ KiB, MiB, GiB = 2**10, 2**20, 2**30
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_why_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 7.1 Why: the same bytes, more sequences
 #
-# The cell below serves one workload four times on this CPU, with the tiny model cut to one layer, and
-# the same KV budget each time: the bytes of a few `max` slots. Three runs reserve a contiguous
-# region per sequence at admission, as the vLLM paper's Orca baselines do: `max` (every region as long
-# as the longest request may get), `pow2` (the true final length rounded up to a power of two), and
-# `oracle` (exactly the true final length, which no real server knows in advance). The fourth, `paged`,
-# takes small blocks as tokens arrive. The scheduler is the same in all four runs.
+# A server that gives each sequence a contiguous region must size the region when it admits the
+# sequence, before anyone knows how long its output will be. The vLLM paper's Orca baselines size it
+# three ways: `max` (every region as long as the longest request may get), `pow2` (the true final
+# length rounded up to a power of two), and `oracle` (exactly the true final length, which no real
+# server knows in advance). A paged cache, `paged`, takes small blocks as tokens arrive, so it holds
+# only what the sequences have written, and the same bytes hold more sequences at once.
 #
-# "concurrent" is the mean number of running sequences over the steps in which requests were queued,
-# the steps where memory was the limit.
-
-# %% nbgrader={"grade": false, "grade_id": "ch07_why", "locked": true, "schema_version": 3, "solution": false}
-slots, max_len, block_size = 4, 96, 8
-measured, measured_metrics = figures.no_grad(lambda: figures.measured(
-    requests=32, slots=slots, max_len=max_len, block_size=block_size))
-print(f"KV budget: the bytes of {slots} max slots of {max_len} tokens "
-      f"({slots * max_len} tokens); paged blocks of {block_size}")
-print(f"{'policy':8s} {'concurrent':>10s} {'peak':>5s} {'KV used':>8s} "
-      f"{'tokens/s':>9s} {'preempted':>9s}")
-for kind, run in measured.items():
-    preempted = run["preemptions_recompute"] + run["preemptions_swap"]
-    print(f"{kind:8s} {run['concurrent_mean_saturated']:10.2f} "
-          f"{run['concurrent_peak']:5d} {run['kv_utilization_mean']:8.0%} "
-          f"{run['output_tokens_per_s']:9.0f} {preempted:9d}")
-concurrency = {k: run["concurrent_mean_saturated"] for k, run in measured.items()}
-ratio = concurrency["paged"] / concurrency["max"]
-print(f"paged runs {ratio:.1f}x as many sequences as max slots on the same bytes")
-
-# %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_why2_md", "locked": true, "schema_version": 3, "solution": false}
-# Paging holds the most sequences, and it is the only run that preempted anyone: it admits on the
-# prompt alone and lets outputs grow into the pool, so when outputs outgrow it, somebody has to give
-# memory back. Max slots never preempt because they reserved the worst case up front, which is exactly
-# the waste paging removes. So paging moves the problem from the allocator to the scheduler: admit
-# boldly, and have a correct, cheap answer for when the bet goes wrong. That answer is this chapter.
-# (Tokens per second on a CPU are a different story, told in section 7.7.)
+# It admits on the prompt alone and lets outputs grow into the pool, so when outputs outgrow the pool,
+# somebody has to give memory back. A `max` region never has to: it reserved the worst case up front,
+# which is exactly the waste paging removes. So paging moves the problem from the allocator to the
+# scheduler: admit boldly, and have a correct, cheap answer for when the bet goes wrong. That answer
+# is this chapter. Section 7.7 serves one workload all four ways on the same KV budget with the
+# engine's scheduler, whose decisions are this chapter's exercises, and measures both claims.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_admit_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 7.2 Admission: reserve before any compute
@@ -426,13 +407,34 @@ print(f"(engine's {reference_engine.scheduler.preemptions}); "
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_bench_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 7.7 When concurrency becomes tokens per second
 #
-# Back to the benchmark of section 7.1. The figure shows, for its `max` and `paged` runs, the fraction
-# of the KV pool that holds tokens and the number of running sequences over engine time. Max slots sit
-# well below full however long the queue is: each region is sized for the worst case. The paged pool
-# holds more tokens and runs more sequences, until the queue drains; the cell prints each run's mean
-# fill.
+# The measurement section 7.1 announced. The cell below serves one workload four times on this CPU,
+# with the tiny model cut to one layer, and the same KV budget each time: the bytes of a few `max`
+# slots. Three runs reserve a contiguous region per sequence at admission (`max`, `pow2`, `oracle`);
+# the fourth, `paged`, takes small blocks as tokens arrive. The scheduler is the engine's, the same in
+# all four runs (in a student edition of the engine, its `Scheduler` runs the methods your notebook
+# defines: until you have written Exercises 7.1 to 7.4 the cell stops with "not written yet").
+#
+# "concurrent" is the mean number of running sequences over the steps in which requests were queued,
+# the steps where memory was the limit. The figure shows, for the `max` and `paged` runs, the fraction
+# of the KV pool that holds tokens and the number of running sequences over engine time; the cell
+# prints each run's mean fill.
 
-# %% nbgrader={"grade": false, "grade_id": "ch07_fill", "locked": true, "schema_version": 3, "solution": false}
+# %% nbgrader={"grade": false, "grade_id": "ch07_why", "locked": true, "schema_version": 3, "solution": false}
+slots, max_len, block_size = 4, 96, 8
+measured, measured_metrics = figures.no_grad(lambda: figures.measured(
+    requests=32, slots=slots, max_len=max_len, block_size=block_size))
+print(f"KV budget: the bytes of {slots} max slots of {max_len} tokens "
+      f"({slots * max_len} tokens); paged blocks of {block_size}")
+print(f"{'policy':8s} {'concurrent':>10s} {'peak':>5s} {'KV used':>8s} "
+      f"{'tokens/s':>9s} {'preempted':>9s}")
+for kind, run in measured.items():
+    preempted = run["preemptions_recompute"] + run["preemptions_swap"]
+    print(f"{kind:8s} {run['concurrent_mean_saturated']:10.2f} "
+          f"{run['concurrent_peak']:5d} {run['kv_utilization_mean']:8.0%} "
+          f"{run['output_tokens_per_s']:9.0f} {preempted:9d}")
+concurrency = {k: run["concurrent_mean_saturated"] for k, run in measured.items()}
+ratio = concurrency["paged"] / concurrency["max"]
+print(f"paged runs {ratio:.1f}x as many sequences as max slots on the same bytes")
 figures.plot_fill_and_batch({k: measured_metrics[k] for k in ("max", "paged")},
                             "MEASURED on this CPU: tiny model, one KV budget")
 for kind in ("max", "paged"):
@@ -440,6 +442,11 @@ for kind in ("max", "paged"):
     fill = sum(s.live_tokens / s.pool_tokens for s in steps) / len(steps)
     print(f"{kind:6s}: mean pool fill {fill:.0%}, {len(steps)} steps, "
           f"{measured[kind]['output_tokens_per_s']:.0f} output tokens/s")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_why2_md", "locked": true, "schema_version": 3, "solution": false}
+# Paging holds the most sequences, and it is the only run that preempted anyone: the bet of section
+# 7.1 and its price. Max slots sit well below full however long the queue is: each region is sized
+# for the worst case. The paged pool holds more tokens and runs more sequences, until the queue drains.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch07_sim_md", "locked": true, "schema_version": 3, "solution": false}
 # On a CPU, tokens per second barely follow: every extra row costs its own arithmetic. The vLLM paper's
