@@ -36,7 +36,9 @@
 # **How to work.** Run the cells in order. A cell with `raise NotImplementedError()` is yours to write;
 # the locked cell after it runs the graded check and prints a line starting with ✓, or says what it
 # expected, what came back, and a hint. Figures and demonstrations use the engine's own code, so they
-# run before you have written anything. Two cells run *your* code, each under a heading that starts
+# run before you have written anything, except the two after Exercise 8.1 that write int8 blocks
+# with the engine's `quantize_into`: in a student edition of the engine that method is the one your
+# notebook defines. Two cells run *your* code, each under a heading that starts
 # with **With your code**, after the tests of the exercise it needs; until then they stop with
 # `NotImplementedError`, which is expected.
 
@@ -128,16 +130,8 @@ for name in ("llama-2-13b", "llama-3-8b", "qwen3-0.6b"):
 #    maximum (KIVI keeps such a full-precision residual of recent tokens). Exact groups, at the cost
 #    of one unquantized block per sequence and a second storage format; a stretch exercise.
 #
-# The cell writes the 16 values of one real block of the tiny model (layer 0's V of a 16-token
-# prompt) one token at a time, the way decoding does, and plots how far each token reads back from
-# its fp32 value.
-
-# %% nbgrader={"grade": false, "grade_id": "ch08_when", "locked": true, "schema_version": 3, "solution": false}
-values = block_values(model, seeded_tokens(16, seed=3))
-errors = readback_errors(values)
-for policy, errs in errors.items():
-    print(f"{policy:50s} worst {max(errs):.4f}   mean {sum(errs) / len(errs):.4f}")
-plot_readback_error(errors, block_size=16)
+# Section 8.4 measures the three rules once you have written the engine's `quantize_into`
+# (Exercise 8.1).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_shared_md", "locked": true, "schema_version": 3, "solution": false}
 # **Re-rounding rewrites the block, so only its sole owner may do it.** Suppose a fork shares a
@@ -154,31 +148,10 @@ plot_readback_error(errors, block_size=16)
 # request with the same prefix, on the promise that the block holds exactly what that request would
 # have computed. With rule 2, a block's final codes depend on *how* its tokens arrived: written in one
 # prefill, its scale is set once; written token by token, earlier codes were re-rounded on the way.
-# The cell writes the same 16 values both ways and counts the codes that differ. Both read back
-# within a rounding step of the fp32 values, so a prefix hit still keeps the logits within the
-# tolerance, but "identical tokens, identical bytes" becomes "identical within int8 rounding" unless
-# blocks are quantized once, when full (rule 3).
-
-# %% nbgrader={"grade": false, "grade_id": "ch08_bytes_differ", "locked": true, "schema_version": 3, "solution": false}
-def write_block(values, one_by_one):
-    """values [16, Hkv, D] into block 0 of an engine int8 pool: one write or 16."""
-    cache = ReferenceInt8Cache(model.config, 1, block_size=len(values))
-    pool, scales = cache.v_pools[0], cache.v_scales[0]
-    everyone = list(range(len(values)))
-    writes = [[i] for i in everyone] if one_by_one else [everyone]
-    for offsets in writes:
-        cache.quantize_into(pool, scales, torch.zeros(len(offsets), dtype=torch.long),
-                            torch.tensor(offsets), values[offsets])
-    return cache, pool[0].clone(), scales[0].clone()
-
-
-_, prefill_codes, prefill_scale = write_block(values, one_by_one=False)
-decode_cache, decode_codes, decode_scale = write_block(values, one_by_one=True)
-differ = int((prefill_codes != decode_codes).sum())
-print(f"same scales either way: {torch.equal(prefill_scale, decode_scale)}; "
-      f"{differ} of {prefill_codes.numel()} codes differ, by at most "
-      f"{int((prefill_codes.int() - decode_codes.int()).abs().max())} step(s)")
-draw_block(decode_codes[0], float(decode_scale[0]), "head 0, written token by token")
+# Both read back within a rounding step of the fp32 values, so a prefix hit still keeps the logits
+# within the tolerance, but "identical tokens, identical bytes" becomes "identical within int8
+# rounding" unless blocks are quantized once, when full (rule 3). Section 8.4 counts the codes that
+# differ.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_ex_md", "locked": true, "schema_version": 3, "solution": false}
 # ## 8.4 The int8 path of the cache
@@ -229,6 +202,47 @@ ch08.check_dequantize_on_read(QuantizedPagedKVCache)
 
 # %% nbgrader={"grade": true, "grade_id": "ch08_test_cow", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 ch08.check_copy_on_write_carries_scales(QuantizedPagedKVCache)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_when_measured_md", "locked": true, "schema_version": 3, "solution": false}
+# ### When the scale is set, measured
+#
+# The next two cells measure the rules of section 8.3 with the engine's int8 cache. They come after
+# Exercise 8.1 because in a student edition of the engine its `quantize_into` is the one your notebook
+# defines: until you have written it they stop with `NotImplementedError`. The first writes the 16
+# values of one real block of the tiny model (layer 0's V of a 16-token prompt) one token at a time,
+# the way decoding does, and plots how far each token reads back from its fp32 value under each rule.
+
+# %% nbgrader={"grade": false, "grade_id": "ch08_when", "locked": true, "schema_version": 3, "solution": false}
+values = block_values(model, seeded_tokens(16, seed=3))
+errors = readback_errors(values)
+for policy, errs in errors.items():
+    print(f"{policy:50s} worst {max(errs):.4f}   mean {sum(errs) / len(errs):.4f}")
+plot_readback_error(errors, block_size=16)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_bytes_differ_md", "locked": true, "schema_version": 3, "solution": false}
+# The second writes the same 16 values both ways, in one write as a prefill does and in 16 as decoding
+# does, and counts the codes that differ (identical tokens, identical bytes?).
+
+# %% nbgrader={"grade": false, "grade_id": "ch08_bytes_differ", "locked": true, "schema_version": 3, "solution": false}
+def write_block(values, one_by_one):
+    """values [16, Hkv, D] into block 0 of an engine int8 pool: one write or 16."""
+    cache = ReferenceInt8Cache(model.config, 1, block_size=len(values))
+    pool, scales = cache.v_pools[0], cache.v_scales[0]
+    everyone = list(range(len(values)))
+    writes = [[i] for i in everyone] if one_by_one else [everyone]
+    for offsets in writes:
+        cache.quantize_into(pool, scales, torch.zeros(len(offsets), dtype=torch.long),
+                            torch.tensor(offsets), values[offsets])
+    return cache, pool[0].clone(), scales[0].clone()
+
+
+_, prefill_codes, prefill_scale = write_block(values, one_by_one=False)
+decode_cache, decode_codes, decode_scale = write_block(values, one_by_one=True)
+differ = int((prefill_codes != decode_codes).sum())
+print(f"same scales either way: {torch.equal(prefill_scale, decode_scale)}; "
+      f"{differ} of {prefill_codes.numel()} codes differ, by at most "
+      f"{int((prefill_codes.int() - decode_codes.int()).abs().max())} step(s)")
+draw_block(decode_codes[0], float(decode_scale[0]), "head 0, written token by token")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch08_milestone_md", "locked": true, "schema_version": 3, "solution": false}
 # ### The milestone: int8 blocks in the engine
