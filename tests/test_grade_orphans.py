@@ -62,9 +62,10 @@ def the_host(processes: dict[int, str]) -> int | None:
                  and "--launch" not in line), None)
 
 
-def kill_mid_cell(command: list[str], mark: str, tmp_path) -> tuple[dict[int, str], dict[int, str]]:
-    """Start the grader, wait until the host spins in the endless cell, SIGKILL the grader alone; (what
-    ran just before the kill, what of it still runs GONE_WITHIN_S later)."""
+def kill_mid_cell(command: list[str], mark: str, tmp_path, look=None) -> tuple[dict[int, str], dict[int, str]]:
+    """Start the grader, wait until the host spins in the endless cell, `look(grader's pid, processes)`
+    if given, SIGKILL the grader alone; (what ran just before the kill, what of it still runs
+    GONE_WITHIN_S later)."""
     env = dict(os.environ, **{MARK: mark}, PYTHONPATH=str(REPO))
     log = (tmp_path / "grader.log").open("w")
     grader = subprocess.Popen(command, cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -79,6 +80,8 @@ def kill_mid_cell(command: list[str], mark: str, tmp_path) -> tuple[dict[int, st
         assert grader.poll() is None, (tmp_path / "grader.log").read_text()[-3000:]
         assert time.monotonic() < deadline, "the host never spun in the endless cell"
         before = marked(mark)
+        if look is not None:
+            look(grader.pid, before)
         os.kill(grader.pid, signal.SIGKILL)      # the grader only: not its process group
         grader.wait()
         ended = time.monotonic() + GONE_WITHIN_S
@@ -123,3 +126,30 @@ def test_a_killed_make_autograde_leaves_nothing_running(tmp_path):
     lines = list(before.values())
     assert any("sealed.host" in line for line in lines) and any("bwrap" in line for line in lines), shown(before)
     assert left == {}, f"still running {GONE_WITHIN_S:g} s after the grader was killed: {shown(left)}"
+
+
+def parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rpartition(")")[2].split()[1])
+
+
+@pytest.mark.skipif(not available()[0], reason="a sandbox of its own needs bubblewrap")
+@pytest.mark.xfail(strict=True, reason="issue 36 item 4: the judge is not yet sandboxed (sealed/README.md)")
+def test_the_judge_runs_apart_from_the_grader(tmp_path):
+    # What a compromised judge could reach: as the grader's user, in the grader's view of the disk, it
+    # could read the course's result key and rewrite other students' records.
+    mark, seen = uuid.uuid4().hex, {}
+    endless_notebook(tmp_path / "notebooks")
+    command = [sys.executable, "-m", "engine.course.grade", str(tmp_path / "notebooks"), "--solutions",
+               str(FIXTURE_SOLUTIONS), "--timeout", "300", "--jobs", "1"]
+
+    def look(grader: int, processes: dict[int, str]) -> None:
+        warm = [pid for pid, line in processes.items() if "sealed.warm" in line and parent(pid) == grader]
+        judges = [pid for pid, line in processes.items() if "sealed.warm" in line and parent(pid) in warm]
+        seen.update({pid: (os.stat(f"/proc/{pid}").st_uid, os.readlink(f"/proc/{pid}/ns/mnt")) for pid in judges})
+        seen["grader"] = (os.stat(f"/proc/{grader}").st_uid, os.readlink(f"/proc/{grader}/ns/mnt"))
+    kill_mid_cell(command, mark, tmp_path, look)
+    grader = seen.pop("grader")
+    assert len(seen) == 1, seen                       # the one judge, forked from the warm process
+    [(uid, mounts)] = seen.values()
+    assert uid != grader[0] and mounts != grader[1], f"the judge runs as uid {uid} in the grader's mounts"
