@@ -38,11 +38,13 @@
 # yours to write; the locked cell after it runs the graded check and prints one line starting with ✓
 # when your code is right, or a message that says what it expected, what came back, and where to look.
 #
-# Figures and explorers use the engine's own code, so they run before you have written anything. Two
-# small cells run *your* code instead, each right after an exercise's tests, under a heading that
-# starts with **With your code** ("With your code: utilization" after Exercise 2.2, "With your code:
-# your allocator in the cache" after Exercise 2.3). Until that exercise is done they stop with
-# `NotImplementedError`, which is expected; no other cell needs your code.
+# Figures and explorers use the engine's own code, so they run before you have written anything,
+# except the pool figure of section 2.6: it hands the engine's `BlockAllocator` to a paged cache, and
+# in a student edition of the engine that class's methods are the ones your notebook defines, so it
+# stops with "not written yet" until Exercise 2.3 is done. Two small cells run *your* code by name,
+# each right after an exercise's tests, under a heading that starts with **With your code** ("With
+# your code: utilization" after Exercise 2.2, "With your code: your allocator in the cache" after
+# Exercise 2.3). Until that exercise is done they stop with `NotImplementedError`, which is expected.
 
 # %% nbgrader={"grade": false, "grade_id": "ch02_setup", "locked": true, "schema_version": 3, "solution": false}
 import math

@@ -42,9 +42,12 @@
 # yours to write; the locked cell after it runs the graded check and prints one line starting with ✓,
 # or a message that says what it expected, what came back, and a hint. Each exercise cell is a small
 # subclass of the engine's `PagedKVCache` that defines only the methods of that exercise; everything
-# else is the engine's. Figures use the engine's own cache, so they run before you have written
-# anything. Cells under a heading that starts with **With your code** run your code and stop with
-# `NotImplementedError` until the exercise they name is done; that is expected.
+# else is the engine's. The figures of section 3.1 use the engine's bookkeeping, so they run before
+# you have written anything. The pool figure after Exercise 3.2 and the block-size sweep of section
+# 3.6 store tokens in the engine's `PagedKVCache`; in a student edition of the engine its methods that
+# you write are the ones your notebook defines, so those cells stop with "not written yet" until you
+# have written them. Cells under a heading that starts with **With your code** run your code and stop
+# with `NotImplementedError` until the exercise they name is done; that is expected.
 
 # %% nbgrader={"grade": false, "grade_id": "ch03_setup", "locked": true, "schema_version": 3, "solution": false}
 import torch
