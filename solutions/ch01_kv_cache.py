@@ -38,10 +38,13 @@
 # to write; the locked cell after it runs the graded check and prints one line starting with ✓ when
 # your code is right, or a message that says what it expected, what came back, and a hint.
 #
-# Figures and demonstrations use the engine's own code, so they run before you have written
-# anything. Three small cells run *your* code instead, each right after an exercise's tests, under a
-# heading that starts with **With your code**. Until that exercise is done they stop with
-# `NotImplementedError`, which is expected; no other cell needs your code.
+# Figures and demonstrations use the engine's own code. Those before the exercises run before you
+# have written anything. The two after Exercise 1.2 (the static cache's utilization, and what fits on
+# one GPU) use the engine's `StaticKVCache` and `kv_bytes_per_token`; in a student edition of the
+# engine those are the ones your notebook defines, so there they stop with "not written yet" until
+# Exercises 1.1 and 1.2 are done. Three small cells run *your* code by name, each right after an
+# exercise's tests, under a heading that starts with **With your code**. Until that exercise is done
+# they stop with `NotImplementedError`, which is expected.
 
 # %% nbgrader={"grade": false, "grade_id": "ch01_setup", "locked": true, "schema_version": 3, "solution": false}
 import inspect
