@@ -81,13 +81,7 @@ def editions():
         return once_per_run("editions", build_and_grade)
 
 
-# A regression found at the end of stop 43: in a student edition ch06's gather_rows kernel reaches the check as the
-# host's object and fails NOT_FROM_TEXT (914509d), 5/20. Strict, so the fix flips it.
-STUDENT_EDITION_CH06 = pytest.mark.xfail(strict=True, reason="ch06 student edition: kernel not from the cell text")
-
-
-@pytest.mark.parametrize("chapter", [pytest.param(c, marks=STUDENT_EDITION_CH06) if c == "ch06" else c
-                                     for c in sorted(CHAPTERS)])
+@pytest.mark.parametrize("chapter", sorted(CHAPTERS))
 def test_each_chapter_scores_full_marks_with_the_solution_pasted_into_its_edition(editions, chapter):
     pasted = editions[chapter]
     assert pasted["possible"] > 0 and pasted["earned"] == pasted["possible"], [
@@ -114,6 +108,18 @@ def test_no_locked_reference_body_is_findable(editions, chapter):
         for path, name in (taught(CHAPTERS[other]) if other != chapter else []):
             if (path, name) not in locked:
                 assert body_text(path, name) in texts[edition / path], f"{path}::{name} should be kept"
+
+
+def test_the_release_names_the_same_triton_kernels_as_the_solutions():
+    """Which graded functions the judge builds from the cell's text (and launches in the kernel process)
+    is read from the chapter's signatures, so a student edition, which has no solutions/, knows them too.
+    It once read them from the solutions' include lines: the edition then had none, and ch06's solution
+    pasted into its edition scored 5/20 (every kernel 'not from the cell's text')."""
+    from engine.course.exercises import plan_for
+    for chapter, path in CHAPTERS.items():
+        release = REPO / "notebooks" / f"{path.stem}.ipynb"
+        assert plan_for(release).kernels == plan_for(path).kernels, chapter
+    assert plan_for(CHAPTERS["ch06"]).kernels == ["gather_rows_program", "paged_decode_head_program"]
 
 
 def test_edition_refuses_to_replace_a_folder_it_did_not_write(tmp_path):

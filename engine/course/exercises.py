@@ -51,6 +51,7 @@ class Plan:
     preimport: list[str]
     references: list[tuple[str, str]]   # (module, qualname) of each taught reference function
     helpers: list[str]                  # the chapter's check modules: their helpers are not for learners
+    kernels: list[str] = field(default_factory=list)  # graded functions that are Triton programs
 
     def graded(self) -> dict[str, dict]:
         return {name: {"methods": methods, "cell": ex.cell, "reference": ex.reference}
@@ -64,6 +65,7 @@ class Plan:
 
     def for_worker(self) -> dict:
         return {"preimport": self.preimport, "references": self.references, "helpers": self.helpers,
+                "kernels": self.kernels,
                 "graded": self.graded(), "graded_by_cell": self.graded_by_cell()}
 
 
@@ -117,6 +119,21 @@ def taught_in(source: str) -> dict[str, list[str] | None]:
     return names
 
 
+def is_constexpr_program(definition: ast.AST) -> bool:
+    """Whether a definition is a Triton program: a function with an argument annotated tl.constexpr."""
+    return isinstance(definition, ast.FunctionDef) and any(
+        isinstance(a.annotation, ast.Attribute) and a.annotation.attr == "constexpr"
+        for a in definition.args.args + definition.args.kwonlyargs)
+
+
+def kernels_in(source: str) -> list[str]:
+    """The top-level functions of an exercise cell that are Triton programs (an argument annotated
+    tl.constexpr). Read from the signature, which the solution and the student's stub share, so a
+    release without solutions/ (the student edition) knows its kernels too."""
+    tree = _parse(source)
+    return [node.name for node in (tree.body if tree else []) if is_constexpr_program(node)]
+
+
 def definitions(source: str) -> dict[str, str]:
     """{"name" or "Class.method": body dump} of a cell's top-level functions and methods."""
     tree = _parse(source)
@@ -150,12 +167,13 @@ def plan_for(chapter_path: Path, chapter=None) -> Plan:
     chapter = chapter if chapter is not None else load_any(chapter_path)
     source = jupytext.read(chapter_path, fmt="py:percent") if Path(chapter_path).suffix == ".py" else chapter
     raw = {cells.grade_id(c): c.source for c in source.cells if cells.grade_id(c)}
-    exercises, references, preimport = [], [], {"engine", "engine.checks"}
+    exercises, references, kernels, preimport = [], [], [], {"engine", "engine.checks"}
     for cell in chapter.cells:
         if cell.cell_type != "code":
             continue
         if cells.is_solution(cell) and not cells.is_graded(cell):
             names = taught_in(cell.source)
+            kernels += [name for name in kernels_in(cell.source) if names.get(name, 0) is None]
             exercise = Exercise(cells.grade_id(cell), names)
             match = DIRECTIVE.match(raw.get(cells.grade_id(cell), "").lstrip().split("\n", 1)[0])
             if match:
@@ -173,7 +191,7 @@ def plan_for(chapter_path: Path, chapter=None) -> Plan:
         elif cells.is_locked(cell) or cells.is_test(cell):
             preimport.update(_imports(cell.source))
     helpers = sorted(m for m in preimport if re.fullmatch(r"engine\.checks\.ch\d\d", m))
-    return Plan(exercises, sorted(preimport), sorted(set(references)), helpers)
+    return Plan(exercises, sorted(preimport), sorted(set(references)), helpers, sorted(set(kernels)))
 
 
 def own_work_flags(plan: Plan, learner_cells: dict[str, str]) -> list[str]:

@@ -230,8 +230,7 @@ class SealedKernel:
         """The kernel process's command line (engine.course.sealed.kernel_runner), for a chapter with
         Triton kernels: isolated Python on the libraries alone, nothing of the course, in the sandbox
         when the host is; the judge starts it on its first launch. None for a chapter without kernels."""
-        from .sealed.judge import _kernel_names
-        if not _kernel_names(self.plan.get("references", []), self.plan.get("graded", {})):
+        if not self.plan.get("kernels"):
             return None
         argv = kernel_argv()
         return argv if self.wrap is None else self.wrap(argv, self.cwd, readable=[], env=self.env)

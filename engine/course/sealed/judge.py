@@ -215,7 +215,7 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
     graded_by_cell = plan.get("graded_by_cell", {})
     run_here = set(plan.get("judge_cells", []))
     references = _reference_tokens(plan.get("references", []), graded)
-    kernel_names = _kernel_names(plan.get("references", []), graded)
+    kernel_names = set(plan.get("kernels", []))
     built: dict = {}                      # kernel name -> (the judge's own build of it, or None, why not)
     notebook = decide.Notebook(graded, set(graded_by_cell), set(), set())
     sources: dict = {}                    # graded name -> the text of the learner cell that last defined it
@@ -415,21 +415,6 @@ def copies_of_the_reference(names: list, graded: dict, sources: dict, references
         if mine and likeness.alike(mine, references[name]):
             found.append(f"{name} is the reference's code by meaning")
     return sorted(set(found))
-
-
-def _kernel_names(references: list, graded: dict) -> set[str]:
-    """The graded functions whose reference is a Triton program (engine.course.sealed.kernels)."""
-    found = set()
-    for module_name, qualname in references:
-        if "." in qualname or (graded.get(qualname) or {}).get("methods"):
-            continue
-        try:
-            import textwrap
-            if kernels.is_kernel(textwrap.dedent(inspect.getsource(named(module_name, qualname)))):
-                found.add(qualname)
-        except (ImportError, AttributeError, OSError, TypeError):
-            continue
-    return found
 
 
 def _sandboxed(box: KernelBox, program, why: str):

@@ -29,17 +29,6 @@ NODES = (ast.FunctionDef, ast.arguments, ast.arg, ast.Assign, ast.AugAssign, ast
          ast.expr_context)
 
 
-def is_kernel(reference_source: str) -> bool:
-    """Whether a reference function is a Triton program: an argument annotated tl.constexpr."""
-    try:
-        definition = ast.parse(reference_source).body[0]
-    except (SyntaxError, IndexError):
-        return False
-    return isinstance(definition, ast.FunctionDef) and any(
-        isinstance(a.annotation, ast.Attribute) and a.annotation.attr == "constexpr"
-        for a in definition.args.args + definition.args.kwonlyargs)
-
-
 def _constants(tree: ast.Module) -> dict:
     """The cell's top-level NAME = number assignments (a kernel may read them as constexprs)."""
     found = {}
