@@ -36,12 +36,14 @@
 # The milestone check forks sequences, lets parent and children continue with *different* tokens, and
 # requires every one of them to produce exactly the logits of a from-scratch run of its own tokens.
 #
-# **Which cells need your code.** Figures and explorers use the engine's own `PagedKVCache`, so they
-# run before you have written anything. Three small cells run *your* code instead, each after the tests
-# of the exercise it needs, under a heading that starts with **With your code** ("your fork, step by
-# step" and "your cache draws the same samples" need Exercise 4.1, "your formula" needs Exercise 4.2).
-# Until that exercise is done they stop with `NotImplementedError`, which is expected; no other cell
-# needs your code.
+# **Which cells need your code.** Figures and explorers use the engine's own `PagedKVCache`. The cost
+# figure of section 4.1 runs before you have written anything. Those from section 4.4 on fork through
+# the engine's cache; in a student edition of the engine that fork is the one your notebook defines,
+# so there they stop with "not written yet" until Exercise 4.1 is done. Three small cells run *your*
+# code by name, each after the tests of the exercise it needs, under a heading that starts with
+# **With your code** ("your fork, step by step" and "your cache draws the same samples" need
+# Exercise 4.1, "your formula" needs Exercise 4.2). Until that exercise is done they stop with
+# `NotImplementedError`, which is expected.
 
 # %% nbgrader={"grade": false, "grade_id": "ch04_setup", "locked": true, "schema_version": 3, "solution": false}
 import math
