@@ -225,7 +225,8 @@ def _python_paths() -> list[Path]:
 
 
 def _command(mode: str, binds: list[Path], hide: list[Path], cgroups: list[Path], cwd: str, env: dict,
-             seconds: float | None, argv: list[str], quota: int, limits: Limits | None = None) -> list[str]:
+             seconds: float | None, argv: list[str], quota: int, limits: Limits | None = None,
+             home: str = HOME_INSIDE) -> list[str]:
     """launcher (outside: join the cgroups, set rlimits) + timeout + bwrap (+ setpriv, inside) + argv."""
     features = _bwrap_features()
     perms = (lambda octal: ["--perms", octal]) if "--perms" in features else (lambda octal: [])
@@ -253,7 +254,7 @@ def _command(mode: str, binds: list[Path], hide: list[Path], cgroups: list[Path]
         else:
             box += ["--ro-bind", str(path), str(path)]
     box += ["--proc", "/proc", "--dev", "/dev"]
-    box += [*perms("1777"), *sized(64), "--tmpfs", "/dev/shm", *perms("0777"), *sized(quota), "--tmpfs", HOME_INSIDE]
+    box += [*perms("1777"), *sized(64), "--tmpfs", "/dev/shm", *perms("0777"), *sized(quota), "--tmpfs", home]
     for path in hide:
         box += ["--tmpfs", str(path)]
     box += ["--remount-ro", "/", "--chdir", cwd, "--clearenv"]
@@ -280,6 +281,41 @@ def _sandbox_env(env: dict | None) -> dict:
     kept = {k: v for k, v in source.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
     return dict(kept, HOME=HOME_INSIDE, TMPDIR="/tmp", USER="learner", LOGNAME="learner",
                 MPLCONFIGDIR=f"{HOME_INSIDE}/.config/matplotlib")
+
+
+JUDGE_HOME = "/home/judge"                # the judge's working folder inside its own sandbox
+JUDGE_DISK_MB = 256                       # its working folder and /tmp (it writes nothing it keeps)
+
+
+def judge_env(env: dict | None) -> dict:
+    """The judge's environment in its sandbox: the course's switches from `env` (else this process's),
+    its own home; what the grader's environment holds besides (secrets included) stays outside."""
+    return dict(_sandbox_env(env), HOME=JUDGE_HOME, USER="judge", LOGNAME="judge",
+                MPLCONFIGDIR=f"{JUDGE_HOME}/.config/matplotlib")
+
+
+def confine(argv: list[str], readable: list[Path], env: dict | None) -> list[str] | None:
+    """The grader's own process `argv` (the judge, or the warm process that forks judges) in a sandbox of
+    its own, or None where bubblewrap cannot run here (the caller then starts `argv` as it is).
+
+    Inside: as the submission's sandbox, nobody (uid 65534: `setpriv` under root, else a user namespace),
+    no capabilities, no network, its own PID, IPC, UTS and mount namespaces, a fresh tmpfs for its
+    working folder (JUDGE_HOME), /tmp and /dev/shm, and read-only only the system, the Python
+    installation and `readable` (the grader's `engine`): no course folder, no results, no submission.
+    It dies with the thread that started it (the launcher's PR_SET_PDEATHSIG, bubblewrap's
+    --die-with-parent). Unlike a submission it joins no cgroup and has no deadline: the grader bounds
+    its time, and inside it the launcher could not join a cgroup anyway. Descriptors the caller passes
+    (pass_fds) reach `argv` as they are."""
+    mode, _ = _mode()
+    if not mode:
+        return None
+    binds = [Path("/") / name for name in SYSTEM if (Path("/") / name).exists()] + _python_paths()
+    cpu = Path("/sys/devices/system/cpu")
+    if cpu.is_dir():
+        binds.append(cpu)
+    binds += [Path(p).resolve() for p in readable]
+    return _command(mode, binds, [], [], JUDGE_HOME, judge_env(env), None, list(argv), JUDGE_DISK_MB,
+                    home=JUDGE_HOME)
 
 
 class Sandbox:
@@ -390,6 +426,16 @@ def die_with_parent() -> None:
     Safe as a Popen preexec_fn: it only calls the C library."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, 9)
+
+
+PR_SET_DUMPABLE = 4
+
+
+def not_dumpable() -> None:
+    """Make this process not dumpable: no process of the same user may ptrace it, read its memory or open
+    its descriptors through /proc, and it leaves no core (a fork keeps this; an exec would not)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_DUMPABLE, 0)
 
 
 def _prctl():
