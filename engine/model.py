@@ -9,7 +9,7 @@ import functools
 import torch
 from torch import nn
 
-from engine.attention.sdpa import attention   # fused; engine.attention.reference is the ground truth
+from engine.attention.sdpa import as_dtype, as_float, attention   # fused; attention.reference: the ground truth
 from engine.config import ROPE_NEEDS_EVEN, ModelConfig
 from engine.errors import InputError
 
@@ -43,21 +43,23 @@ class RMSNorm(nn.Module):
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [B, 1, T, D] of the rotary angles at positions [B, T], each half-width row written
-    twice (dimension i and i + D/2 turn by the same angle), the sin's first half negated (see apply_rope);
-    every layer shares them."""
-    inv_freq = inverse_frequencies(head_dim, theta, positions.device)
-    angles = positions.clamp(min=0).float()[:, None, :, None] * inv_freq          # [B, 1, T, D/2]
-    cos, sin = angles.cos(), angles.sin()
-    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+    """cos and sin [B, 1, T, D] of the rotary angles at positions [B, T]: dimension i and i + D/2 turn by
+    the same angle, and the sin's first half is negated (see apply_rope); every layer shares them."""
+    batch, tokens = positions.shape
+    frequencies, signs = rope_frequencies(head_dim, theta, positions.device)
+    angles = positions.clamp(min=0).view(batch, 1, tokens, 1) * frequencies     # [B, 1, T, D] float32
+    return angles.cos(), angles.sin() * signs
 
 
 @functools.lru_cache(maxsize=16)
-def inverse_frequencies(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
-    """theta^(-2i/D) for i < D/2, the rotary frequencies: the same every forward, so made once."""
+def rope_frequencies(head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """theta^(-2i/D) for i < D/2, written twice (whole width), and the sin's signs, -1 then +1: the same
+    every forward, so made once."""
     half = head_dim // 2
-    with torch.inference_mode(False):       # a normal tensor, usable in and out of inference mode
-        return 1.0 / theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half)
+    with torch.inference_mode(False):       # normal tensors, usable in and out of inference mode
+        inv_freq = 1.0 / theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half)
+        signs = torch.cat([torch.full((half,), -1.0, device=device), torch.ones(half, device=device)])
+        return torch.cat([inv_freq, inv_freq]), signs
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -65,8 +67,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     becomes (x1 cos - x2 sin, x2 cos + x1 sin). Whole-width that is x cos + (x2, x1) (-sin, sin): the
     halves swapped by one roll, times the sin whose first half rope_angles negated (bit-identical to
     transformers' x cos + rotate_half(x) sin, in fewer ops)."""
-    wide = x.float()
-    return (wide * cos + wide.roll(x.shape[-1] // 2, dims=-1) * sin).to(x.dtype)
+    wide = as_float(x)
+    return as_dtype(wide * cos + wide.roll(x.shape[-1] // 2, dims=-1) * sin, x.dtype)
 
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -127,7 +129,7 @@ class Attention(nn.Module):
         qk, v = self.project_qkv(x).split([cfg.num_heads + cfg.num_kv_heads, cfg.num_kv_heads], dim=2)
         cos, sin = rope if rope is not None else rope_angles(positions, cfg.head_dim, cfg.rope_theta)
         qk = apply_rope(self.norm_qk(qk).transpose(1, 2), cos, sin)     # q and k heads, normed and rotated
-        q, k, v = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:], v.transpose(1, 2)
+        (q, k), v = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1), v.transpose(1, 2)
         if cache is None:                      # from scratch: the batch is the whole history
             out = attention(q, k, v, positions, (positions >= 0).sum(-1))
         elif hasattr(cache, "attend"):         # the cache brings its own attention (e.g. a paged kernel)
@@ -151,7 +153,7 @@ class Attention(nn.Module):
         cfg = self.cfg
         weight = derived(self, "_qk_norm_weight", lambda wq, wk: torch.cat(
             [wq.expand(cfg.num_heads, -1), wk.expand(cfg.num_kv_heads, -1)]), self.q_norm.weight, self.k_norm.weight)
-        normed = torch.rms_norm(qk.float(), (cfg.head_dim,), eps=self.q_norm.eps).to(qk.dtype)
+        normed = as_dtype(torch.rms_norm(as_float(qk), (cfg.head_dim,), eps=self.q_norm.eps), qk.dtype)
         return weight * normed
 
 
@@ -210,16 +212,18 @@ class Qwen3Model(nn.Module):
         if token_ids.shape != positions.shape or token_ids.dim() != 2:
             raise ValueError(f"token_ids {tuple(token_ids.shape)} and positions {tuple(positions.shape)} "
                              "must both be [batch, tokens]")
-        check_token_ids(token_ids, positions, self.config.vocab_size)
+        ids = token_ids.clamp(0, self.config.vocab_size - 1)   # padding may hold any id
+        if bool((ids != token_ids).any()):                      # one out of range: an error if it is a real token's
+            check_token_ids(token_ids, positions, self.config.vocab_size)
         if cache is None:
             check_from_scratch_positions(positions)
-        x = self.embed_tokens(token_ids.clamp(min=0))
+        x = self.embed_tokens(ids)
         rope = rope_angles(positions, self.config.head_dim, self.config.rope_theta)
         for layer in self.layers:
             x = layer(x, positions, cache, rope)
         if only is not None:                   # a decode batch (one column) needs no index
             x = x[:, 0] if x.shape[1] == 1 else x[torch.arange(x.shape[0], device=x.device), only]
-        return self.lm_head(self.norm(x)).float()
+        return as_float(self.lm_head(self.norm(x)))
 
 
 def check_token_ids(token_ids: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> None:

@@ -11,6 +11,7 @@ which mask to apply (a `ReadPlan`) is worked out by the first layer and reused b
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import NamedTuple
 
@@ -64,9 +65,9 @@ def _sdpa(q, keys, values, plan: ReadPlan) -> torch.Tensor:
     kv_heads = keys.shape[1]
     if tokens == 1 and heads != kv_heads:
         return _sdpa_decode_groups(q, keys, values, plan.mask)
-    out = scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=plan.mask,
+    out = scaled_dot_product_attention(as_float(q), as_float(keys), as_float(values), attn_mask=plan.mask,
                                        is_causal=plan.causal, enable_gqa=heads != kv_heads)
-    return out.to(q.dtype)
+    return as_dtype(out, q.dtype)
 
 
 def _sdpa_decode_groups(q, keys, values, mask) -> torch.Tensor:
@@ -77,9 +78,19 @@ def _sdpa_decode_groups(q, keys, values, mask) -> torch.Tensor:
     """
     batch, heads, _, dim = q.shape
     kv_heads = keys.shape[1]
-    rows = q.float().reshape(batch, kv_heads, heads // kv_heads, dim)   # head h = kv head h // group, row h % group
-    out = scaled_dot_product_attention(rows, keys.float(), values.float(), attn_mask=mask)
-    return out.reshape(batch, heads, 1, dim).to(q.dtype)
+    rows = as_float(q).reshape(batch, kv_heads, heads // kv_heads, dim)   # head h = kv head h // group, row h % group
+    out = scaled_dot_product_attention(rows, as_float(keys), as_float(values), attn_mask=mask)
+    return as_dtype(out.reshape(batch, heads, 1, dim), q.dtype)
+
+
+def as_float(x: torch.Tensor) -> torch.Tensor:
+    """x in float32, itself when it already is (a cast that copies nothing still costs a dispatch)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`, itself when it already is."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def paged_sdpa(q, k_pool, v_pool, block_tables, q_positions, kv_lens) -> torch.Tensor:
@@ -101,7 +112,7 @@ def paged_sdpa(q, k_pool, v_pool, block_tables, q_positions, kv_lens) -> torch.T
 
 def _paged_group(q, k_pool, v_pool, plan: ReadPlan) -> torch.Tensor:
     """Gather one group's histories into scratch memory, then attend."""
-    key_rows, value_rows = _scratch(2, plan.blocks.numel() * k_pool.shape[2] * k_pool.shape[3], k_pool)
+    key_rows, value_rows = _scratch(2, (plan.blocks.numel(), *k_pool.shape[2:]), k_pool)
     keys = _rows_of_blocks(k_pool, plan, q.shape[0], key_rows)
     values = _rows_of_blocks(v_pool, plan, q.shape[0], value_rows)
     return _sdpa(q, keys, values, plan)
@@ -171,21 +182,23 @@ def _rows_of_blocks(pool: torch.Tensor, plan: ReadPlan, batch: int, rows: torch.
     """Each row's history [B, Hkv, length, D] (key j = position j) from a pool [N, Hkv, bs, D].
 
     The pool is read as slabs [bs, D] (block n's KV head h is slab n * Hkv + h), gathered KV head by KV
-    head into the scratch `rows` in one copy: [Hkv, B, blocks * bs, D] there is the history, as a view.
+    head into the scratch `rows` [slabs, bs, D] in one copy: [Hkv, B, blocks * bs, D] there is the
+    history, read as one strided view.
     """
     _, heads, block_size, dim = pool.shape
-    slabs = pool.reshape(-1, block_size, dim)     # a view of the pool as allocated (contiguous)
-    history = torch.index_select(slabs, 0, plan.blocks, out=rows.view(-1, block_size, dim))
-    return history.view(heads, batch, -1, dim).transpose(0, 1)[:, :, :plan.length]
+    keys = rows.shape[0] // (heads * batch) * block_size      # each row's blocks, in key positions
+    torch.index_select(pool.reshape(-1, block_size, dim), 0, plan.blocks, out=rows)
+    return rows.as_strided((batch, heads, plan.length, dim), (keys * dim, batch * keys * dim, dim, 1))
 
 
-def _scratch(parts: int, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
-    """`parts` flat buffers of `numel` elements, reused from call to call (grown when too small).
+def _scratch(parts: int, shape: tuple[int, ...], like: torch.Tensor) -> list[torch.Tensor]:
+    """`parts` buffers of `shape`, reused from call to call (grown when too small).
 
     A decode step gathers megabytes per layer; fresh tensors that size are fresh pages from the
     operating system each time, and those page faults cost as much as the copy itself. The memory
     is kept (the largest step's gathers) until a call needs another dtype or device.
     """
+    numel = math.prod(shape)
     buffer, key, views = getattr(_per_thread, "scratch", (None, None, None))
     if buffer is None or buffer.numel() < parts * numel or buffer.dtype != like.dtype \
             or buffer.device != like.device:
@@ -194,7 +207,8 @@ def _scratch(parts: int, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
         key = None
     # Every layer of a forward asks for the same parts: its views are kept (a view made in inference
     # mode must not be written outside it, so the mode is part of the key).
-    if key != (parts, numel, torch.is_inference_mode_enabled()):
-        key, views = (parts, numel, torch.is_inference_mode_enabled()), list(buffer[:parts * numel].view(parts, numel))
+    if key != (parts, shape, torch.is_inference_mode_enabled()):
+        key = (parts, shape, torch.is_inference_mode_enabled())
+        views = list(buffer[:parts * numel].view(parts, *shape))
     _per_thread.scratch = (buffer, key, views)
     return views
