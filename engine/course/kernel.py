@@ -66,13 +66,17 @@ ENGINE_HOME = str(Path(__file__).resolve().parents[2])
 # The first statement of every grading process's command line: Linux kills the process (SIGKILL) when the
 # thread that started it ends (PR_SET_PDEATHSIG), so a grader killed with SIGKILL leaves none running.
 DIE_WITH_PARENT = "sys.platform.startswith('linux') and __import__('ctypes').CDLL(None).prctl(1, 9); "
+# ... and of the judge's (and the warm process's): no process of the same user may ptrace it, read its memory
+# or open its descriptors through /proc (PR_SET_DUMPABLE 0; a fork keeps it, an exec would not).
+NOT_DUMPABLE = "sys.platform.startswith('linux') and __import__('ctypes').CDLL(None).prctl(4, 0); "
 
 
 def worker_argv(code: str, home: str = ENGINE_HOME) -> list[str]:
     """The command line of the judge running `code`: isolated Python, the engine of `home` first; it
-    dies with the thread that started it."""
+    dies with the thread that started it and is not dumpable."""
     import sys
-    return [sys.executable, "-I", "-c", f"import sys; {DIE_WITH_PARENT}sys.path.insert(0, {home!r}); {code}"]
+    return [sys.executable, "-I", "-c",
+            f"import sys; {DIE_WITH_PARENT}{NOT_DUMPABLE}sys.path.insert(0, {home!r}); {code}"]
 
 
 def library_paths() -> list[str]:
@@ -100,11 +104,13 @@ def host_argv(code: str, home: str) -> list[str]:
 
 def kernel_argv() -> list[str]:
     """The kernel process's command line: isolated Python without `site` on the libraries alone, running
-    engine.course.sealed.kernel_runner's text (no file of the course is on its path or opened by it)."""
+    engine.course.sealed.kernel_runner's text (no file of the course is on its path or opened by it); it
+    dies with the thread that started it."""
     import sys
 
     from .sealed import kernel_runner
-    code = f"import sys; sys.path[:] = {library_paths()!r}\n" + Path(kernel_runner.__file__).read_text()
+    code = (f"import sys; {DIE_WITH_PARENT}sys.path[:] = {library_paths()!r}\n"
+            + Path(kernel_runner.__file__).read_text())
     return [sys.executable, "-I", "-S", "-c", code]
 
 
@@ -145,6 +151,7 @@ class SealedKernel:
         self.plan, self.cwd, self.env, self.wrap, self.warm = plan, Path(cwd), env, wrap, warm
         self.startup_timeout = startup_timeout
         self.process = self.host = None
+        self.kernel_socket = self.kernel_process = None   # the judge's requests for a kernel process; the one it has
         self.host_home = host_home or ENGINE_HOME
         self.host_copy: str | None = None    # private_copy(host_home), made on entry, removed on exit
         self.refused: list[str] = []     # what the worker refused learner code (for the instructor)
@@ -171,12 +178,15 @@ class SealedKernel:
 
     def start(self) -> None:
         """The host (the notebook's cells; in the sandbox when `wrap` is given) and the judge (the tests
-        and the key; never wrapped), joined by a socket; the judge's signed results come back here."""
+        and the key; in a sandbox of its own where bubblewrap works: engine.course.sandbox.confine),
+        joined by a socket; the judge's signed results come back here, and its requests for a kernel
+        process on a socket of their own (`_kernel_request`)."""
         import os
         import secrets
         import socket
         import tempfile
         self.key = secrets.token_bytes(32)
+        self.kernel_process = None
         judge_end, host_end = socket.socketpair()
         host_argv = self._host_command("from engine.course.sealed.host import main; main()", str(host_end.fileno()))
         self.host = subprocess.Popen(host_argv, cwd=str(self.cwd), env=self.env, pass_fds=(host_end.fileno(),),
@@ -185,35 +195,49 @@ class SealedKernel:
         host_end.close()
         command_read, command_write = os.pipe()
         result_read, result_write = os.pipe()
+        self.kernel_socket, kernel_end = socket.socketpair()
         self.judge_dir = tempfile.mkdtemp(prefix="paged-kv-judge-")
-        fds = (command_read, result_write, judge_end.fileno())
+        fds = (command_read, result_write, judge_end.fileno(), kernel_end.fileno())
         self.process = self._warm_judge(fds) if self.warm else None
         if self.process is None:
             argv = worker_argv("from engine.course.sealed.judge import main; main()") + [str(fd) for fd in fds]
-            self.process = subprocess.Popen(argv, cwd=self.judge_dir, env=self.env, pass_fds=fds,
-                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            self.process = subprocess.Popen(self._confined(argv) or argv, cwd=self.judge_dir, env=self.env,
+                                            pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL, start_new_session=True)
         judge_end.close()
+        kernel_end.close()
         os.close(command_read)
         os.close(result_write)
         self.commands = os.fdopen(command_write, "w", encoding="utf-8")
         self.results_fd, self.buffer, self.scanned, self.seq = result_read, bytearray(), 0, 0
         import json
-        self._send(json.dumps(dict(self.plan, key=self.key.hex(), kernel_argv=self._kernel_command())))
+        self._send(json.dumps(dict(self.plan, key=self.key.hex())))
         ready = self._receive(0, time.monotonic() + self.startup_timeout)
         if ready is None:
             self.stop()   # __exit__ will not run for a failed __enter__: close the pipes here
             raise RuntimeError(f"the sealed grading worker did not start{self._why_no_start()}")
 
-    def _warm_judge(self, fds: tuple[int, int, int]):
-        """The judge forked from this grader's warm process (engine.course.sealed.warm), None if it has none."""
+    def _warm_judge(self, fds: tuple[int, ...]):
+        """The judge forked from this grader's warm process (engine.course.sealed.warm), None if it has none.
+        The warm process is in a sandbox of its own where bubblewrap works; each fork then gets a folder
+        of its own on the sandbox's tmpfs and the sandbox's environment."""
         import atexit
 
+        from .sandbox import available, judge_env
         from .sealed import warm
         if not _WARM_EXIT:
             _WARM_EXIT.append(atexit.register(warm.close_all))
-        return warm.judge(worker_argv("from engine.course.sealed.warm import main; main()"), fds, self.judge_dir,
-                          self.env, self.plan.get("preimport", []), timeout=self.startup_timeout)
+        confined = available()[0]
+        return warm.judge(worker_argv("from engine.course.sealed.warm import main; main()"), fds,
+                          None if confined else self.judge_dir, judge_env(self.env) if confined else self.env,
+                          self.plan.get("preimport", []), timeout=self.startup_timeout,
+                          confine=self._confined if confined else None)
+
+    def _confined(self, argv: list[str]) -> list[str] | None:
+        """`argv` (the judge's or the warm process's command line) in the judge's sandbox: nobody, the
+        grader's `engine` and the libraries read-only, nothing of the course; None without bubblewrap."""
+        from .sandbox import confine
+        return confine(argv, [Path(ENGINE_HOME) / "engine"], self.env)
 
     def _host_command(self, code: str, *arguments: str) -> list[str]:
         """The host's command line: its engine first, in the sandbox when `wrap` is given."""
@@ -229,11 +253,66 @@ class SealedKernel:
     def _kernel_command(self) -> list[str] | None:
         """The kernel process's command line (engine.course.sealed.kernel_runner), for a chapter with
         Triton kernels: isolated Python on the libraries alone, nothing of the course, in the sandbox
-        when the host is; the judge starts it on its first launch. None for a chapter without kernels."""
+        when the host is; started here when the judge asks (`_kernel_request`). None for a chapter
+        without kernels."""
         if not self.plan.get("kernels"):
             return None
         argv = kernel_argv()
         return argv if self.wrap is None else self.wrap(argv, self.cwd, readable=[], env=self.env)
+
+    def _kernel_request(self) -> None:
+        """The judge's request on its kernel socket: b"s", a fresh kernel process (its stdin and stdout
+        go to the judge, SCM_RIGHTS; b"y", or b"n" where there is none); b"x", end the one it has. The
+        grader starts it, not the judge: in the judge's sandbox the sandbox's launcher could not join the
+        submission's cgroups. One at a time: a request ends the one before. Served while the grader
+        waits for the judge (`_receive`), which is when the judge launches kernels."""
+        import socket
+        try:
+            asked = self.kernel_socket.recv(1)
+        except OSError:
+            asked = b""
+        self._end_kernel_process()
+        if not asked:                     # the judge hung up: nothing more to serve
+            self.kernel_socket.close()
+            self.kernel_socket = None
+            return
+        if asked != b"s":
+            return
+        argv = self._kernel_command()
+        process = None
+        if argv is not None:
+            try:
+                process = subprocess.Popen(argv, cwd=str(self.cwd) if self.wrap is not None else self.judge_dir,
+                                           env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=subprocess.DEVNULL, start_new_session=True)
+            except OSError:
+                process = None
+        try:
+            self.kernel_socket.settimeout(10)
+            if process is None:
+                self.kernel_socket.sendall(b"n")
+            else:
+                socket.send_fds(self.kernel_socket, [b"y"], [process.stdin.fileno(), process.stdout.fileno()])
+        except OSError:
+            pass
+        if process is not None:
+            process.stdin.close()
+            process.stdout.close()
+            self.kernel_process = process
+
+    def _end_kernel_process(self) -> None:
+        """Kill the kernel process (its process group: the sandbox's launcher and what it started)."""
+        import os
+        import signal
+        process, self.kernel_process = getattr(self, "kernel_process", None), None
+        if process is None:
+            return
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        process.wait()
 
     def _why_no_start(self) -> str:
         """What starting Python the same way says, for the message (only run once the worker failed)."""
@@ -264,6 +343,10 @@ class SealedKernel:
                     pass
             if process is not None:
                 process.wait()
+        self._end_kernel_process()
+        if self.kernel_socket is not None:
+            self.kernel_socket.close()
+            self.kernel_socket = None
         os.close(self.results_fd)
         shutil.rmtree(self.judge_dir, ignore_errors=True)
         self.process = self.host = None
@@ -304,7 +387,11 @@ class SealedKernel:
             if remaining <= 0:
                 return None
             self.scanned = len(self.buffer)       # no line ends before here: only new bytes are searched
-            ready, _, _ = select.select([self.results_fd], [], [], min(remaining, 0.5))
+            kernel = [self.kernel_socket] if self.kernel_socket is not None else []
+            ready, _, _ = select.select([self.results_fd] + kernel, [], [], min(remaining, 0.5))
+            if kernel and kernel[0] in ready:
+                self._kernel_request()
+                ready = [r for r in ready if r is not kernel[0]]
             if ready:
                 chunk = os.read(self.results_fd, 1 << 20)
                 if not chunk:

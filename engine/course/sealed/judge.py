@@ -163,10 +163,10 @@ def needed_cells(cells: list[tuple[str, str, str]]) -> set[str]:
 
 def main() -> None:
     """A judge started on its own: the descriptors on its command line."""
-    serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    serve(*(int(fd) for fd in sys.argv[1:5]))
 
 
-def serve(command_fd: int, result_fd: int, host_fd: int) -> None:
+def serve(command_fd: int, result_fd: int, host_fd: int, kernel_fd: int | None = None) -> None:
     """Serve one grading run: the key and plan from the grader on the command pipe, signed results on
     the result pipe, the host on its socket (engine.course.sealed.warm forks a judge straight into this)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -186,7 +186,7 @@ def serve(command_fd: int, result_fd: int, host_fd: int) -> None:
             __import__(module)
         except Exception:
             pass
-    box = KernelBox(plan.pop("kernel_argv", None), cwd=os.getcwd())
+    box = KernelBox(grader=kernel_fd)     # its kernel process is the grader's, asked for on kernel_fd
     try:
         _serve(plan, send, commands, host_fd, box)
     finally:

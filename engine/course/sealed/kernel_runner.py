@@ -1,12 +1,12 @@
 """The kernel process: builds a learner's Triton kernel from its text and launches it on tensors sent as data.
 
-It runs as `python -I -S -c <this file's text>` (engine.course.kernel.kernel_argv), in the sandbox
-where the host runs in one, with nothing of the course on its path and no key: it imports torch and
-triton only. Each request is one launch (the kernel's text, already screened by
-engine.course.sealed.kernels, its constants, the grid, the arguments with each tensor as a view of
-a storage, the storages' bytes); the reply is every storage's bytes after the launch, or the error
-as plain strings. The judge (engine.course.sealed.kernelbox) trusts nothing it says beyond bytes of
-the sizes it sent.
+It runs as `python -I -S -c <this file's text>` (engine.course.kernel.kernel_argv), started by the
+grader when the judge asks for it and in the sandbox where the host runs in one, with nothing of the
+course on its path and no key: it imports torch and triton only. Each request is one launch (the
+kernel's text, already screened by engine.course.sealed.kernels, its constants, the grid, the arguments
+with each tensor as a view of a storage, the storages' bytes); the reply is every storage's bytes after
+the launch, or the error as plain strings. The judge (engine.course.sealed.kernelbox) trusts nothing it
+says beyond bytes of the sizes it sent.
 
 A launch may ask for the loads of some storages to be watched (`watch`: their indices). In Triton's
 interpreter every load passes through one builder method, which this process wraps for the launch:

@@ -1,15 +1,17 @@
 """The judge's side of the kernel process: a learner's kernel launched where the judge is not.
 
-A Triton kernel's body runs as Python in the interpreter (and its compiler runs on a GPU), so the
-judge never builds or launches one. It hands the checks a `SandboxedKernel` instead: a Triton
-kernel to the engine's launchers (`kernel[grid](...)`), whose launch sends the kernel's text (as
-engine.course.sealed.kernels screened it), the grid and the arguments as data to a process of its
-own (engine.course.sealed.kernel_runner: fresh per notebook, started with the host's sandbox, no
-key, nothing of the course). Each tensor argument goes as its whole storage (a kernel writes
-through pointers, past its view too), and comes back as exactly as many bytes, which the judge
-copies into its own tensors; nothing else of the reply is believed but an error's type name,
-message and kernel line, as text. A launch past the cell's wall-clock time or a process that
-crashed fails that launch, and the next one starts a fresh process.
+A Triton kernel's body runs as Python in the interpreter (and its compiler runs on a GPU), so the judge
+never builds or launches one. It hands the checks a `SandboxedKernel` instead: a Triton kernel to the
+engine's launchers (`kernel[grid](...)`), whose launch sends the kernel's text (as
+engine.course.sealed.kernels screened it), the grid and the arguments as data to a process of its own
+(engine.course.sealed.kernel_runner: fresh per notebook, started with the host's sandbox, no key,
+nothing of the course). In the grader that process is the grader's: the judge asks for one on its kernel
+socket and gets its stdin and stdout (engine.course.kernel.SealedKernel._kernel_request), since inside
+the judge's own sandbox it could not be started in the submission's cgroups. Each tensor argument goes
+as its whole storage (a kernel writes through pointers, past its view too), and comes back as exactly as
+many bytes, which the judge copies into its own tensors; nothing else of the reply is believed but an
+error's type name, message and kernel line, as text. A launch past the cell's wall-clock time or a
+process that crashed fails that launch, and the next one starts a fresh process.
 
 A check may watch a tensor's loads (`SandboxedKernel.loads_of`, as the lab's check watches the
 interpreter's own): the launch then asks the kernel process for one byte per byte of that storage,
@@ -25,6 +27,7 @@ import linecache
 import os
 import select
 import signal
+import socket
 import struct
 import subprocess
 import time
@@ -34,6 +37,7 @@ import torch
 HEADER = struct.Struct("!QQ")
 MAX_REPLY_JSON = 1 << 16               # an error's text; more is not an answer
 SCALARS = (bool, int, float, type(None))
+GRADER_WAIT_S = 60                     # how long the grader may take to hand over a kernel process
 
 
 class KernelProcessError(RuntimeError):
@@ -45,39 +49,74 @@ class CompilationError(RuntimeError):
 
 
 class KernelBox:
-    """One kernel process for one judge, started on its first launch with `argv` (a sandboxed
-    command line where the host is sandboxed)."""
+    """One kernel process at a time for one judge, started on its first launch: asked of the grader on
+    the socket `grader` (a descriptor: the judge's), or started here with `argv` (the tests')."""
 
-    def __init__(self, argv: list[str] | None, cwd: str | None = None):
+    def __init__(self, argv: list[str] | None = None, cwd: str | None = None, grader: int | None = None):
         self.argv, self.cwd = argv, cwd
-        self.process: subprocess.Popen | None = None
+        self.grader = socket.socket(fileno=grader) if grader is not None else None
+        self.process: subprocess.Popen | None = None     # started here (with argv)
+        self.stdin = self.stdout = None                 # the kernel process's, wherever it was started
         self.deadline: float | None = None      # the wall clock of the cell being judged (monotonic)
         self.launches = 0
         self.watches: list[Loads] = []          # the tensors whose loads the launches now report
 
     def _start(self) -> None:
-        if not self.argv:
+        if self.grader is not None:
+            self.stdin, self.stdout = self._from_grader()
+        elif self.argv:
+            self.process = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL, cwd=self.cwd, preexec_fn=_die_with_judge)
+            self.stdin, self.stdout = self.process.stdin, self.process.stdout
+        else:
             raise KernelProcessError("this grader has no kernel process to launch a kernel in")
-        self.process = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, cwd=self.cwd, preexec_fn=_die_with_judge)
         ready, _ = self._reply(expected=0)
         if not ready.get("ready"):
             self.stop()
             raise KernelProcessError("the kernel process did not start")
 
+    def _from_grader(self):
+        """A fresh kernel process's stdin and stdout, from the grader (which ends the one before)."""
+        try:
+            self.grader.settimeout(GRADER_WAIT_S)
+            self.grader.sendall(b"s")
+            answer, fds, _, _ = socket.recv_fds(self.grader, 1, 2)
+        except OSError:
+            raise KernelProcessError("the grader did not hand over a kernel process") from None
+        if answer != b"y" or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise KernelProcessError("this grader has no kernel process to launch a kernel in")
+        return os.fdopen(fds[0], "wb"), os.fdopen(fds[1], "rb")
+
+    def _running(self) -> bool:
+        """A kernel process that waits for a launch: started, not ended, nothing unasked waiting from it
+        (between launches it sends nothing: what can be read is its end, or bytes no one asked for)."""
+        if self.stdin is None or (self.process is not None and self.process.poll() is not None):
+            return False
+        return not select.select([self.stdout], [], [], 0)[0]
+
     def stop(self) -> None:
-        """End the kernel process (its process group: the sandbox's launcher and what it started)."""
-        process, self.process = self.process, None
-        if process is None:
-            return
-        for stream in (process.stdin, process.stdout):
+        """End the kernel process: the one started here (its process group: the sandbox's launcher and
+        what it started), or ask the grader to end its one."""
+        process, streams = self.process, (self.stdin, self.stdout)
+        self.process = self.stdin = self.stdout = None
+        for stream in streams:
             try:
-                stream.close()
+                if stream is not None:
+                    stream.close()
             except OSError:
                 pass
-        if process.poll() is None:
-            process.kill()
-        process.wait()
+        if process is not None:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        elif self.grader is not None and streams[0] is not None:
+            try:
+                self.grader.settimeout(GRADER_WAIT_S)
+                self.grader.sendall(b"x")
+            except OSError:
+                pass
 
     def launch(self, program, grid, args: tuple, kwargs: dict) -> None:
         """Launch `program` (kernels.Program) on `grid`; the tensors among the arguments get what the
@@ -104,13 +143,14 @@ class KernelBox:
         watched = {keys[w.key]: w for w in self.watches if w.key in keys}
         sent["watch"] = sorted(watched)
         expected = sum(sent["storages"]) + sum(sent["storages"][i] for i in sent["watch"])
-        if self.process is None or self.process.poll() is not None:
+        if not self._running():
+            self.stop()
             self._start()
         self.launches += 1
         body = json.dumps(sent).encode()
         try:
-            self.process.stdin.write(HEADER.pack(len(body), sum(sent["storages"])) + body + b"".join(blobs))
-            self.process.stdin.flush()
+            self.stdin.write(HEADER.pack(len(body), sum(sent["storages"])) + body + b"".join(blobs))
+            self.stdin.flush()
         except OSError:
             self.stop()
             raise KernelProcessError("the kernel process ended before the launch (it crashed)") from None
@@ -161,7 +201,7 @@ class KernelBox:
 
     def _read(self, size: int) -> bytes:
         chunks, left = [], size
-        stream = self.process.stdout
+        stream = self.stdout
         while left:
             wait = None if self.deadline is None else self.deadline - time.monotonic()
             if wait is not None and (wait <= 0 or not select.select([stream], [], [], wait)[0]):

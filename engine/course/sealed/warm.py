@@ -2,9 +2,16 @@
 forks a fresh judge for each notebook, so a notebook does not pay for those imports again.
 
 The warm process runs no cell of any notebook and never holds a key: each fork gets its descriptors (the
-grader's command and result pipes, its end of the host's socket) over a Unix socket, and its key and plan
-afterwards, on the command pipe, as a judge started on its own would. A fork is the warm process as it was
-before the fork: what one notebook's judge did stays in that fork.
+grader's command and result pipes, its end of the host's socket, its socket for asking the grader for a
+kernel process) over a Unix socket, and its key and plan afterwards, on the command pipe, as a judge
+started on its own would. A fork is the warm process as it was before the fork: what one notebook's judge
+did stays in that fork.
+
+Where bubblewrap works the warm process runs in a sandbox of its own (`confine`, from
+engine.course.sandbox.confine): nobody, the grader's engine and the libraries read-only, no course, no
+network, its own PID namespace and tmpfs. Each fork works in a folder of its own there, and is not
+dumpable (PR_SET_DUMPABLE 0): another judge of the same warm process (the same user, the same sandbox)
+cannot ptrace it, read its memory or open its descriptors.
 
 The grader (engine.course.kernel.SealedKernel) asks `judge(...)` for a judge; `None` means it starts one
 the plain way (a system without pidfd, a warm process that died).
@@ -24,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 
 # What every judge imports, done once in the warm process (a plan's `preimport` is added as it comes).
@@ -39,7 +47,7 @@ class Forked:
     while this object says it runs."""
 
     def __init__(self, pid: int, pidfd: int):
-        self.pid, self.pidfd, self.returncode = pid, pidfd, None
+        self.pid, self.pidfd, self.returncode = _own_pid(pidfd, pid), pidfd, None
 
     def poll(self):
         if self.returncode is None and select.select([self.pidfd], [], [], 0)[0]:
@@ -56,6 +64,20 @@ class Forked:
     def _ended(self) -> None:
         os.close(self.pidfd)
         self.returncode = 0    # its exit status belongs to the warm process; the grader reads only the end
+
+
+def _own_pid(pidfd: int, pid: int) -> int:
+    """The judge's pid as this process sees it (the warm process may see it in a PID namespace of its
+    own): the pidfd's Pid line, which Linux gives in the reader's namespace; `pid` where it has none."""
+    try:
+        with open(f"/proc/self/fdinfo/{pidfd}") as info:
+            for line in info:
+                if line.startswith("Pid:"):
+                    found = int(line.split()[1])
+                    return found if found > 0 else pid
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
 
 
 _STARTS: queue.SimpleQueue = queue.SimpleQueue()
@@ -91,11 +113,14 @@ def _starter() -> None:
 class Warm:
     """The warm process of one grader, for one environment: started on the first request."""
 
-    def __init__(self, argv: list[str], env: dict | None):
+    def __init__(self, argv: list[str], env: dict | None, confine=None):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        command = argv + [str(theirs.fileno())]
+        if confine is not None:
+            command = confine(command) or command
         try:
             self.process = lasting(lambda: subprocess.Popen(
-                argv + [str(theirs.fileno())], env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                command, env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
         except BaseException:
             ours.close()
@@ -104,9 +129,10 @@ class Warm:
             theirs.close()
         self.sock, self.lock = ours, threading.Lock()
 
-    def fork(self, fds: tuple[int, int, int], cwd: str, env: dict | None, preimport: list[str],
+    def fork(self, fds: tuple[int, ...], cwd: str | None, env: dict | None, preimport: list[str],
              timeout: float) -> Forked | None:
-        """A judge on the three descriptors, in `cwd` with `env`; None when the warm process did not answer."""
+        """A judge on the descriptors, in `cwd` (None: a fresh folder of its own) with `env`; None when the
+        warm process did not answer."""
         request = json.dumps({"cwd": cwd, "env": env, "preimport": list(preimport)}).encode()
         with self.lock:
             try:
@@ -132,12 +158,13 @@ class Warm:
         self.process.wait()
 
 
-def judge(argv: list[str], fds: tuple[int, int, int], cwd: str, env: dict | None, preimport: list[str],
-          timeout: float = 120) -> Forked | None:
-    """A judge forked from this grader's warm process for `env` (started with `argv` on first use), or None."""
+def judge(argv: list[str], fds: tuple[int, ...], cwd: str | None, env: dict | None, preimport: list[str],
+          timeout: float = 120, confine=None) -> Forked | None:
+    """A judge forked from this grader's warm process for `env` (started with `argv` on first use, through
+    `confine(argv)` where given: its sandbox), or None."""
     if not hasattr(os, "pidfd_open") or not hasattr(socket, "send_fds"):
         return None
-    key = (tuple(argv), tuple(sorted((env or {}).items())))
+    key = (tuple(argv), tuple(sorted((env or {}).items())), confine is not None)
     with _WARM_LOCK:
         warm = _WARM.get(key)
         if warm is not None and warm.process.poll() is not None:
@@ -145,7 +172,7 @@ def judge(argv: list[str], fds: tuple[int, int, int], cwd: str, env: dict | None
             warm = None
         if warm is None:
             try:
-                warm = _WARM[key] = Warm(argv, env)
+                warm = _WARM[key] = Warm(argv, env, confine)
             except OSError:
                 return None
     forked = warm.fork(fds, cwd, env, preimport, timeout)
@@ -169,21 +196,27 @@ def main() -> None:
     """The warm process: import once, then fork a judge for each request until the grader hangs up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     control = socket.socket(fileno=int(sys.argv[-1]))
+    folders: dict = {}                    # pid -> the folder this warm process made for that judge
     os.environ.setdefault("MPLBACKEND", "Agg")
     _imports(WARM_IMPORTS)
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
+            message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
         except OSError:
             return
         if not message:
             return
         request = json.loads(message)
         _imports(request.get("preimport", []))
+        _tidy(folders)
+        if request.get("cwd") is None:        # in the sandbox: a folder of its own on the sandbox's tmpfs
+            request["cwd"] = tempfile.mkdtemp(prefix="judge-")
         warm = os.getpid()
         pid = os.fork()
         if pid == 0:
             _become_judge(control, fds, request, warm)
+        if request["cwd"].startswith(tempfile.gettempdir() + os.sep + "judge-"):
+            folders[pid] = request["cwd"]
         for fd in fds:
             os.close(fd)
         try:
@@ -201,8 +234,9 @@ def _become_judge(control: socket.socket, fds: list[int], request: dict, warm: i
     """In the fork: a judge of its own session, folder and environment, on the descriptors it was sent;
     killed when the warm process ends (so when the grader does)."""
     try:
-        from engine.course.sandbox import die_with_parent   # imported (prctl looked up) in the warm process
+        from engine.course.sandbox import die_with_parent, not_dumpable   # imported in the warm process
         die_with_parent()
+        not_dumpable()
         if os.getppid() != warm:          # the warm process ended before the line above
             os._exit(0)
         control.close()
@@ -218,6 +252,13 @@ def _become_judge(control: socket.socket, fds: list[int], request: dict, warm: i
     except BaseException:  # noqa: BLE001 - a judge that cannot start ends; the grader sees it gone
         pass
     os._exit(0)
+
+
+def _tidy(folders: dict) -> None:
+    """Remove the folders of judges that ended (the warm process reaps them: their pids are gone)."""
+    import shutil
+    for pid in [p for p in folders if not os.path.exists(f"/proc/{p}")]:
+        shutil.rmtree(folders.pop(pid), ignore_errors=True)
 
 
 def _imports(modules) -> None:
