@@ -16,7 +16,8 @@ import uuid
 import pytest
 
 from engine.course.sandbox import available
-from fixtures.course_support import FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, REPO, expanded, with_cell_edited, write_notebook
+from fixtures.course_support import (FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, REPO, expanded, sandbox_or_skip,
+                                     with_cell_edited, write_notebook)
 
 pytestmark = [pytest.mark.slow]
 MARK = "COURSE_ORPHAN_TEST"
@@ -133,23 +134,102 @@ def parent(pid: int) -> int:
         return int(handle.read().rpartition(")")[2].split()[1])
 
 
-@pytest.mark.skipif(not available()[0], reason="a sandbox of its own needs bubblewrap")
-@pytest.mark.xfail(strict=True, reason="issue 36 item 4: the judge is not yet sandboxed (sealed/README.md)")
-def test_the_judge_runs_apart_from_the_grader(tmp_path):
-    # What a compromised judge could reach: as the grader's user, in the grader's view of the disk, it
-    # could read the course's result key and rewrite other students' records.
-    mark, seen = uuid.uuid4().hex, {}
-    endless_notebook(tmp_path / "notebooks")
-    command = [sys.executable, "-m", "engine.course.grade", str(tmp_path / "notebooks"), "--solutions",
-               str(FIXTURE_SOLUTIONS), "--timeout", "300", "--jobs", "1"]
+def status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as handle:
+        return dict(line.split(":\t", 1) for line in handle.read().splitlines() if ":\t" in line)
 
-    def look(grader: int, processes: dict[int, str]) -> None:
-        warm = [pid for pid, line in processes.items() if "sealed.warm" in line and parent(pid) == grader]
-        judges = [pid for pid, line in processes.items() if "sealed.warm" in line and parent(pid) in warm]
-        seen.update({pid: (os.stat(f"/proc/{pid}").st_uid, os.readlink(f"/proc/{pid}/ns/mnt")) for pid in judges})
-        seen["grader"] = (os.stat(f"/proc/{grader}").st_uid, os.readlink(f"/proc/{grader}/ns/mnt"))
+
+def judges_of(processes: dict[int, str]) -> list[int]:
+    """The judges among the run's processes: forks of the warm process (a warm Python whose parent runs
+    the same command line), or a judge started on its own; never bubblewrap or the sandbox's launcher."""
+    def python(line: str) -> bool:
+        return line.startswith(sys.executable) and "--launch" not in line
+    warm = {pid for pid, line in processes.items() if "sealed.warm" in line and python(line)}
+    forked = [pid for pid in warm if parent(pid) in warm]
+    return forked + [pid for pid, line in processes.items() if "sealed.judge import main" in line and python(line)]
+
+
+def as_user(uid: int, gid: int, code: str) -> subprocess.CompletedProcess:
+    """Python `code` run as `uid` without capabilities: what another process of the judge's user can do."""
+    prefix = ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all",
+              "--bounding-set=-all", "--"] if os.geteuid() == 0 else []
+    return subprocess.run(prefix + [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
+                          timeout=60)
+
+
+def apart(judge: int, grader: int, secrets: list) -> list[str]:
+    """What is wrong with the judge's confinement: it runs as root or as the grader, sees the grader's
+    files (`secrets`: paths the grader can read, the course's result key among them), or a process of its
+    own user can read its descriptors (it is dumpable)."""
+    wrong = []
+    uid, gid = (int(status(judge)[k].split()[0]) for k in ("Uid", "Gid"))
+    if uid == 0 or uid == int(status(grader)["Uid"].split()[0]):
+        wrong.append(f"runs as uid {uid}, the grader's or root")
+    if os.readlink(f"/proc/{judge}/ns/mnt") == os.readlink(f"/proc/{grader}/ns/mnt"):
+        wrong.append("sees the grader's mounts")
+    for path in secrets:
+        assert os.path.exists(path), path                       # the grader can open it ...
+        try:                                                    # ... in the judge's view of the disk it is not there
+            open(f"/proc/{judge}/root{path}", "rb").close()
+            wrong.append(f"can open {path}")
+        except FileNotFoundError:
+            pass
+    peek = as_user(uid, gid, f"import os; print(len(os.listdir('/proc/{judge}/fd')))")
+    if peek.returncode == 0:
+        wrong.append(f"uid {uid} can list its descriptors (it is dumpable): {peek.stdout.strip()} of them")
+    elif "PermissionError" not in peek.stderr:
+        wrong.append(f"looking at its descriptors failed otherwise: {peek.stderr[-300:]}")
+    return wrong
+
+
+def course_key(folder) -> str:
+    """A stand-in course's result key, readable by anyone: only the judge's view of the disk keeps it out."""
+    key = folder / "course" / "instructor" / "result-key"
+    key.parent.mkdir(parents=True)
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o644)
+    return str(key)
+
+
+@pytest.mark.parametrize("grader", ["make grade", "make autograde"])
+def test_the_judge_runs_apart_from_the_grader(tmp_path, grader):
+    """issue 36 item 4: the judge (forked from the warm process) runs as nobody in a sandbox of its own,
+    without the course's result key or the grader's files, and is not dumpable."""
+    sandbox_or_skip()
+    mark, seen = uuid.uuid4().hex, {}
+    if grader == "make grade":
+        endless_notebook(tmp_path / "notebooks")
+        key = course_key(tmp_path)
+        command = [sys.executable, "-m", "engine.course.grade", str(tmp_path / "notebooks"), "--solutions",
+                   str(FIXTURE_SOLUTIONS), "--timeout", "300", "--jobs", "1"]
+    else:
+        endless_notebook(tmp_path / "submissions" / "ada")
+        key = str(tmp_path / "course" / "instructor" / "result-key")     # made by autograde, 0600
+        command = [sys.executable, "-m", "engine.course.autograde", str(tmp_path / "submissions"), "--course",
+                   str(tmp_path / "course"), "--solutions", str(FIXTURE_SOLUTIONS), "--sandbox", "required",
+                   "--timeout", "300", "--jobs", "1"]
+    secrets = [key, str(FIXTURE_CHAPTER), str(REPO / "pyproject.toml")]
+
+    def look(pid: int, processes: dict[int, str]) -> None:
+        seen.update({judge: apart(judge, pid, secrets) for judge in judges_of(processes)})
     kill_mid_cell(command, mark, tmp_path, look)
-    grader = seen.pop("grader")
     assert len(seen) == 1, seen                       # the one judge, forked from the warm process
-    [(uid, mounts)] = seen.values()
-    assert uid != grader[0] and mounts != grader[1], f"the judge runs as uid {uid} in the grader's mounts"
+    assert list(seen.values()) == [[]], seen
+
+
+def test_a_judge_started_on_its_own_runs_apart_too(tmp_path):
+    """The cold start (no warm process): the judge in its own sandbox, as the warm one's forks."""
+    sandbox_or_skip()
+    from engine.course.kernel import SealedKernel
+    key = course_key(tmp_path)
+    plan = {"preimport": ["engine"], "graded": {}, "graded_by_cell": {}, "judge_cells": [], "references": []}
+    mark = uuid.uuid4().hex
+    os.environ[MARK] = mark
+    try:
+        with SealedKernel(plan, cwd=tmp_path, warm=False) as kernel:
+            assert kernel.run_cell("print(6 * 7)", "learner", "a", 60).outputs[0]["text"] == "42\n"
+            judges = judges_of(marked(mark))
+            assert len(judges) == 1, shown(marked(mark))
+            assert apart(judges[0], os.getpid(), [key, str(REPO / "pyproject.toml")]) == []
+    finally:
+        del os.environ[MARK]
