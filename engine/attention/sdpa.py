@@ -26,7 +26,7 @@ class ReadPlan(NamedTuple):
     """How every row of one forward reads its history: the first `length` keys, masked or not."""
 
     length: int                   # keys read per row (the longest kv_len)
-    mask: torch.Tensor | None     # [B, 1, T, length] bool, or None when no key must be hidden
+    mask: torch.Tensor | None     # [B, 1, T, length] float, 0 or -inf (see additive), or None when no key is hidden
     causal: bool                  # a whole prompt in order: the fused causal flag replaces the mask
     blocks: torch.Tensor | None   # paged only: the pool slabs to gather (see _rows_of_blocks), flattened
     rows: torch.Tensor | None = None  # paged decode groups only: which rows of the batch these are
@@ -51,12 +51,19 @@ def read_plan(q_positions: torch.Tensor, kv_lens: torch.Tensor, num_keys: int,
                 return ReadPlan(kv_len, None, False, blocks)
             if tokens == kv_len:
                 return ReadPlan(kv_len, None, True, blocks)
-        return ReadPlan(kv_len, visibility_mask(q_positions, kv_lens, kv_len)[:, None], False, blocks)
+        return ReadPlan(kv_len, additive(visibility_mask(q_positions, kv_lens, kv_len)[:, None]), False, blocks)
     if tokens == 1 and bool((q_positions[:, 0] == kv_lens - 1).all()):
         # a decode batch: each row reads its whole history, so the mask is just "j < kv_len"
         stored = torch.arange(num_keys, device=q_positions.device)[None, :] < kv_lens[:, None]
-        return ReadPlan(num_keys, stored[:, None, None, :], False, blocks)
-    return ReadPlan(num_keys, visibility_mask(q_positions, kv_lens, num_keys)[:, None], False, blocks)
+        return ReadPlan(num_keys, additive(stored[:, None, None, :]), False, blocks)
+    return ReadPlan(num_keys, additive(visibility_mask(q_positions, kv_lens, num_keys)[:, None]), False, blocks)
+
+
+def additive(visible: torch.Tensor) -> torch.Tensor:
+    """A boolean mask as the fused kernel applies it, added to the scores: 0 where a key is visible, -inf
+    where not (float32, the kernel's dtype here). Made once per forward; a boolean mask would be converted
+    by every layer's call."""
+    return torch.zeros(visible.shape, dtype=torch.float32, device=visible.device).masked_fill_(~visible, float("-inf"))
 
 
 def _sdpa(q, keys, values, plan: ReadPlan) -> torch.Tensor:
