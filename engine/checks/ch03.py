@@ -17,6 +17,8 @@ from engine.cache.errors import OutOfBlocks
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, chosen_letter, compare_logits, continuations,
                            expect_equal, expect_raises, fail, passed, review_number, shows_text, tiny)
 from engine.checks.compose import naming_earlier, one_class
+from engine.checks.recording import calls as recorded
+from engine.checks.recording import record_copy_on_write
 from engine.seeded import seeded_tokens
 
 
@@ -179,7 +181,8 @@ def check_reserve(cls, block_size: int = 4, seed: int = 0) -> None:
 
 def _shared_partial(cls, bs: int, seed: int, num_blocks: int):
     """A cache whose sequence 0 holds bs + 1 tokens in 2 blocks that sequence 1 shares (refcount 2, as
-    fork makes it in chapter 4); copy_on_write (chapter 4's to write) only records its calls here."""
+    fork makes it in chapter 4); copy_on_write (chapter 4's to write) only records its calls here, where the
+    cache lives (engine.checks.recording): the record is read with recorded(), as data."""
     cache = _cache(cls, num_blocks=num_blocks, block_size=bs, seed=seed)
     cache.create(0)
     cache.reserve(0, bs + 1)
@@ -188,16 +191,14 @@ def _shared_partial(cls, bs: int, seed: int, num_blocks: int):
     cache.tables[1], cache.lengths[1] = list(cache.tables[0]), bs + 1
     for block in cache.tables[0]:
         cache.allocator.share(block)
-    asked = []
-    cache.copy_on_write = lambda seq, index: asked.append((seq, index))
-    return cache, asked
+    return cache, record_copy_on_write(cache)
 
 
 def _check_reserve_counts_the_copy(cls, bs: int, seed: int) -> None:
     """A sequence whose partial last block is shared grows into it: reserve pays for the new block and for
     the copy before taking either, and asks copy_on_write for the copy."""
     stored, more = bs + 1, bs                      # positions bs + 1 .. 2 bs: 1 new block and 1 copy
-    cache, asked = _shared_partial(cls, bs, seed + 2, num_blocks=3)
+    cache, record = _shared_partial(cls, bs, seed + 2, num_blocks=3)
     before = _state(cache)
     table = before[0][0]
     what = (f"sequence 0 holds {stored} tokens in blocks {table} (blocks of {bs}), both shared with sequence 1 "
@@ -207,14 +208,16 @@ def _check_reserve_counts_the_copy(cls, bs: int, seed: int) -> None:
                  "len(self.shared_writes(seq, n)) to the blocks you need before comparing with "
                  "allocator.num_free, and make the copies only after that check")
     expect_raises(OutOfBlocks, lambda: cache.reserve(0, more), what, uncounted)
+    asked = recorded(record, "copy_on_write's calls")
     if _state(cache) != before or asked:
         fail(f"{what}: after it raised OutOfBlocks, (tables, lengths, refcounts, num_free) and the copies "
              "asked for", (before, []), (_state(cache), asked),
              "a failed reserve changes nothing: count the copy with the new blocks, compare with "
              "allocator.num_free, and only then copy or allocate")
-    cache, asked = _shared_partial(cls, bs, seed + 2, num_blocks=4)
+    cache, record = _shared_partial(cls, bs, seed + 2, num_blocks=4)
     before = _state(cache)
     cache.reserve(0, more)
+    asked = recorded(record, "copy_on_write's calls")
     expect_equal(asked, [(0, 1)], f"{what.replace('1 free block', '2 free blocks')}: the copies reserve asked "
                  "copy_on_write for, as (seq, table index)",
                  "for each index in self.shared_writes(seq, n), call self.copy_on_write(seq, index) once the "

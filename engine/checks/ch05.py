@@ -22,6 +22,7 @@ from engine.cache.prefix import Entry
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, continuations, expect_equal,
                            expect_raises, fail, passed, review_choice, review_number, served, shows_text, tiny)
 from engine.checks.compose import naming_earlier_pieces, one_class, together, written_later
+from engine.checks.recording import constant_hash   # made where cls lives: no function of the grader's
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -179,7 +180,7 @@ def check_chain(cls) -> None:
     if why:
         fail("chain() of A + X and of B + X (X the same block text after different blocks A and B), "
              "or of one prompt under two salts", hint=why)
-    collide = cls(_cache(), hash_fn=lambda parent, tokens, extra: 7)
+    collide = cls(_cache(), hash_fn=constant_hash(cls, 7))
     keys = [k for k, *_ in collide.chain(seeded_tokens(2 * BS, 5))]
     expect_equal(keys, [7, 7], "chain() with hash_fn always returning 7: the keys",
                  "compute each key with self.hash_fn, so a cache can be built with another hash")
@@ -235,7 +236,7 @@ def check_matches(cls) -> None:
     proved.note("a hit needs the same parent, tokens and extra keys")
     # Served with a hash under which every block collides: a lookup must verify, not trust the key.
     with served("serving colliding keys", proved, "colliding keys are misses when served"):
-        prefix = cls(_cache(), hash_fn=lambda parent, tokens, extra: 0)
+        prefix = cls(_cache(), hash_fn=constant_hash(cls, 0))
         first, other = seeded_tokens(2 * BS + 1, 10), seeded_tokens(2 * BS + 1, 11)
         _serve(prefix, 0, first)
         reused, gap = _serve(prefix, 1, other)
@@ -412,7 +413,7 @@ def _check_remember(cls) -> None:
             fail(f"the request served from remembered blocks: max |Δ| {gap:.3g} against a cold prefill",
                  hint="publish each block under the key of the tokens it really holds")
         # A hash under which every block collides: nothing may be overwritten.
-        collide = cls(_cache(), hash_fn=lambda parent, tokens, extra: 0)
+        collide = cls(_cache(), hash_fn=constant_hash(cls, 0))
         _serve(collide, 0, seeded_tokens(2 * BS + 1, 18))
         expect_equal(sorted(collide.block_keys), collide.cache.tables[0][:1], "with a hash under which every "
                      "block collides: the blocks published by one remember", "a key taken by a different "

@@ -18,6 +18,8 @@ from engine.cache.prefix import PrefixCache
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, continuations, expect_equal,
                            expect_raises, fail, passed, review_choice, review_number, served, shows_text, tiny)
 from engine.checks.compose import naming_earlier_pieces, one_class, written_later
+from engine.checks.recording import calls as recorded
+from engine.checks.recording import record_preemption, record_publish, record_swap_out
 from engine.generate import cached_step, generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.seeded import seeded_tokens
@@ -289,28 +291,19 @@ def _preempt_case(cls, mode: str, prefix: bool = False, cache_cls=PagedKVCache, 
     return sched, old, new
 
 
-def _recording_publish(sched) -> list[tuple[int, bool]]:
-    """Make sched.publish note (the victim's num_computed, whether it still had its table) at each call."""
-    calls, publish = [], sched.publish
-
-    def recording_publish(seq):
-        calls.append((seq.num_computed, seq.seq_id in sched.cache.tables))
-        return publish(seq)
-    sched.publish = recording_publish
-    return calls
-
-
 def _preempt_publishes(cls, mode: str, cache_cls=PagedKVCache) -> None:
     """With a prefix cache: a recompute publishes the victim's 2 full blocks before their release and before
     the reset; a swap publishes nothing (its K/V come back from the host, and cached blocks would stay in
     the pool, held by the prefix cache)."""
     sched, _, new = _preempt_case(cls, mode, prefix=True, cache_cls=cache_cls)
-    calls = _recording_publish(sched)
+    # (the victim's num_computed, whether it still had its table) at each publish, noted where sched lives
+    record = record_publish(sched)
     free_before = sched.cache.allocator.num_free
     what = f"preempt by {mode} of a 10-token sequence (2 full blocks of 4) with a prefix cache"
     try:
         sched.preempt(new)
     except KeyError as error:
+        calls = recorded(record, "publish's calls")
         if calls and not calls[-1][1]:
             fail(f"{what} raised KeyError: {error}", hint="publish ran after the release, when the sequence had "
                  "no blocks left to offer: publish first, then release")
@@ -324,6 +317,7 @@ def _preempt_publishes(cls, mode: str, cache_cls=PagedKVCache) -> None:
         return
     if cached:
         return
+    calls = recorded(record, "publish's calls")
     if calls and calls[-1][0] == 0:
         hint = ("publish ran after num_computed was reset to 0, so it offered nothing (publish offers the "
                 "first seq.num_computed tokens): publish first, then release, then reset the progress")
@@ -687,28 +681,9 @@ def pressure_engine(sched_cls, cache_cls, block_size: int = 4, seed: int = 0):
     engine.preempt_modes = {}                  # seq id -> the modes preempt returned for it
     engine.preempted = []                      # victims' ids, in the order they were preempted
     engine.victims = []                        # (asker id, ids it could preempt, oldest first, victims)
-    sched = engine.scheduler
-    swap_out, preempt, reserve_or_preempt = cache.swap_out, sched.preempt, sched.reserve_or_preempt
-
-    def recording_swap_out(seq):
-        engine.swapped_out.add(seq)
-        return swap_out(seq)
-
-    def recording_preempt(seq):
-        mode = preempt(seq)
-        engine.preempt_modes.setdefault(seq.seq_id, []).append(mode)
-        engine.preempted.append(seq.seq_id)
-        return mode
-
-    def recording_reserve_or_preempt(seq, count, scheduled):
-        eligible = [s.seq_id for s in sched.running if s.seq_id not in scheduled]
-        before = len(engine.preempted)
-        reserved = reserve_or_preempt(seq, count, scheduled)
-        if len(engine.preempted) > before:
-            engine.victims.append((seq.seq_id, eligible, engine.preempted[before:]))
-        return reserved
-    cache.swap_out, sched.preempt = recording_swap_out, recording_preempt
-    sched.reserve_or_preempt = recording_reserve_or_preempt
+    # The calls are recorded where the scheduler and the cache live (in the grader, the notebook's process:
+    # engine.checks.recording); pressure_run reads them into the four attributes above, as data.
+    engine.records = (record_swap_out(cache), record_preemption(engine.scheduler))
     return engine, [engine.add_request(p, params) for p in prompts]
 
 
@@ -740,7 +715,22 @@ def pressure_run(sched_cls, cache_cls, block_size: int = 4, seed: int = 0, abort
         if steps > 2000:
             fail("the engine ran 2000 steps without finishing", hint="is a preempted sequence ever "
                  "admitted again? (recompute: front of self.waiting; swap: self.swapped)")
+    _read_records(engine)
     return engine, requests, victim
+
+
+def _read_records(engine) -> None:
+    """What pressure_engine's recorders noted, as data, into engine.swapped_out, preempt_modes, preempted
+    and victims."""
+    swaps, preemption = engine.records
+    engine.swapped_out = set(recorded(swaps, "swap_out's calls"))
+    engine.preempt_modes, engine.preempted, engine.victims = {}, [], []
+    for entry in recorded(preemption, "preempt's and reserve_or_preempt's calls"):
+        if entry[0] == "preempt":
+            engine.preempt_modes.setdefault(entry[1], []).append(entry[2])
+            engine.preempted.append(entry[1])
+        elif entry[0] == "victims":
+            engine.victims.append((entry[1], list(entry[2]), list(entry[3])))
 
 
 def _victim_problem(engine) -> None:
