@@ -6,7 +6,10 @@ strides), dtypes, the engine's enum members and frozen dataclasses, exceptions (
 where they were raised). Anything else stays where it lives and the other side gets a `Remote` for it:
 attribute reads, calls, indexing and iteration on a `Remote` are requests its owner answers. Nothing
 received is ever unpickled or run, so the learner's process can answer a question wrongly but cannot
-make the judge run its code.
+make the judge run its code. The judge never hands the host a handle to code of its own (a function,
+method, lambda, closure or class: `_callable_kind`), so learner code holds nothing of the judge's it
+could call back with arguments of its choosing; the engine's classes and functions go by name (the
+host's own copy), a method of an object as the object and the name.
 
 A tensor passed in a call is copied back after it, so writes into an output tensor (a kernel's `out`)
 reach the caller's tensor, as in one process. Either side may call the other while a call is pending:
@@ -17,6 +20,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
+import functools
 import json
 import os
 import socket
@@ -144,8 +148,7 @@ class Channel:
                     "cached": value.cached}
         if kind is _RemoteMethod and value._owner._channel is self:   # sent back: the owner's own handed method
             return {"~": "handed", "id": value._owner._id, "name": value._name}
-        if isinstance(value, (type, types.FunctionType)) and self.side == "T" and _trusted_module(
-                getattr(value, "__module__", "") or "") and _resolve(*_name_of(value), any_kind=True) is value:
+        if self.side == "T" and _by_name(value):
             return {"~": "class", "c": _name_of(value)}    # the host's own copy of the engine's class
         if isinstance(value, torch.Tensor):
             return self._encode_tensor(value, tensors)
@@ -184,6 +187,8 @@ class Channel:
     def _encode_ref(self, value, screened: bool = True) -> dict:
         if isinstance(value, _CALLABLES) and self.call_guard is not None:
             self.call_guard(value)        # never a handle to a body the guard would refuse to run
+        if self.side == "T" and (kind := _callable_kind(value)) is not None:
+            raise PermissionError(_no_callable(kind))
         if screened and self.screen is not None and not self.screen(value):
             raise PermissionError(f"the grader does not hand graded code a {type(value).__name__} "
                                   "(only data and the engine's own objects)")
@@ -530,6 +535,9 @@ class Channel:
             value = getattr(target, args[0])
             if len(args) == 1 and not isinstance(target, (type, types.ModuleType)):
                 cached = _class_method(target, args[0], value)
+                if self.side == "T" and not cached and not _own_builtin(target, value) and not _by_name(value) and (
+                        kind := _callable_kind(value)) is not None:
+                    raise PermissionError(_no_callable(kind, f"{type(target).__name__}.{args[0]}"))
                 if cached or (self.side == "T" and isinstance(value, _CALLABLES)):
                     if self.screen is not None and not self.screen(value):
                         raise PermissionError(f"the grader does not hand graded code a {type(value).__name__}")
@@ -647,6 +655,57 @@ class _Method:
 
 
 _CALLABLES = (types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+
+# What the judge never hands the host as a handle: its own code. Learner code holding one could call back
+# into the judge with arguments of its choosing (issue 36 item 2). An engine class or function goes by
+# name instead (the host's own copy of it: the "class" tag), a method of an object the host holds as
+# the object and the name (the class's own function, bound to that object: the "method" tag).
+_JUDGE_CODE = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType,
+               types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
+               types.ClassMethodDescriptorType, types.GetSetDescriptorType, types.MemberDescriptorType,
+               functools.partial, functools.partialmethod, staticmethod, classmethod, property, type)
+
+
+def _callable_kind(value) -> str | None:
+    """What `value` is, in words with its module and name ("the function engine.checks.ch07.f.<locals>.g"),
+    when it is code of this side's (a function, method, lambda, closure, class); None for anything else."""
+    if not isinstance(value, _JUDGE_CODE):
+        return None
+    inner = getattr(value, "__func__", None) or getattr(value, "func", None) or value
+    module = getattr(inner, "__module__", None) or getattr(type(inner), "__module__", "?")
+    name = getattr(inner, "__qualname__", None) or getattr(inner, "__name__", None) or type(inner).__name__
+    if isinstance(value, type):
+        what = "class"
+    elif getattr(inner, "__name__", None) == "<lambda>":
+        what = "lambda"
+    elif isinstance(value, types.FunctionType) and value.__closure__:
+        what = "closure"
+    elif isinstance(value, (types.MethodType, types.BuiltinMethodType, types.MethodWrapperType)) and \
+            getattr(value, "__self__", None) is not None and not isinstance(value.__self__, types.ModuleType):
+        what = f"method (of a {type(value.__self__).__name__})"
+    else:
+        what = "function" if callable(value) else type(value).__name__
+    return f"{what} {module}.{name}"
+
+
+def _no_callable(kind: str, where: str | None = None) -> str:
+    read = f" (read as {where})" if where else ""
+    return (f"the grader does not hand the notebook's process its own {kind}{read}: a check sends data and the "
+            "engine's objects only, never a function, method, lambda, closure or class of the grader's, which "
+            "learner code could call back into the grader (a recorder of calls is built where the learner's "
+            "object lives: engine.checks.recording)")
+
+
+def _by_name(value) -> bool:
+    """An engine class or module-level function, sent by its module and name: the other side takes its own
+    copy of it (never a handle to this side's)."""
+    return isinstance(value, (type, types.FunctionType)) and _trusted_module(
+        getattr(value, "__module__", "") or "") and _resolve(*_name_of(value), any_kind=True) is value
+
+
+def _own_builtin(target, value) -> bool:
+    """A built-in method of `target` itself (append of a list a check's object holds): the object and a name."""
+    return isinstance(value, types.BuiltinMethodType) and getattr(value, "__self__", None) is target
 
 
 class TaughtBodyRefused(NotImplementedError):
