@@ -228,9 +228,9 @@ def test_a_preempt_that_reaches_for_the_graders_functions_gets_none_and_keeps_fu
     """ch07's solution, its preempt probing every route to the judge's code that learner code took (the
     recorders set on its scheduler and cache, the function behind a method of the judge's cache, allocator
     or prefix cache) and failing if one reaches a function of the judge's: under make grade's sealed grader
-    it reaches none, and every exercise keeps its points. (Before the recorders moved to the host, this
-    notebook lost ch07_test_preempt and ch07_test_serving: `self.publish` and `self.preempt` were
-    functions of the judge's.)"""
+    it reaches none, and every exercise keeps its points. (On the code before, where `self.publish` and
+    `self.preempt` were functions of the judge's and `_bound()` gave a handle to the judge's bound method,
+    this notebook lost preempt, reserve_or_preempt, parallel sampling and serving: 16 of 29 points.)"""
     from fixtures.course_support import BUILD, REPO, expanded, grade_json, possible, scores, with_cell_edited, \
         write_notebook
     chapter = REPO / "solutions" / "ch07_continuous_batching.py"
