@@ -14,10 +14,17 @@ from engine.config import ROPE_NEEDS_EVEN, ModelConfig
 from engine.errors import InputError
 
 
+class Direct(nn.Module):
+    """An nn.Module called straight to its forward: a decode step makes ~40 module calls, and nn.Module's
+    call (hook dispatch) costs about as much as a small op. Forward hooks are not run (nothing in the
+    engine registers any)."""
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
 class Linear(nn.Linear):
-    """nn.Linear without a bias, called straight: a decode step calls ~20 of them, and nn.Module's call
-    (hook dispatch) costs about as much as the product itself at one row. The weight keeps its
-    checkpoint name; forward hooks are not run (nothing in the engine registers any)."""
+    """nn.Linear without a bias, called straight (see Direct): the weight keeps its checkpoint name."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
@@ -26,7 +33,7 @@ class Linear(nn.Linear):
         return nn.functional.linear(x, self.weight)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Direct):
     """Scale each vector to unit root-mean-square, then by a learned weight (computed in float32)."""
 
     def __init__(self, dim: int, eps: float):
@@ -40,9 +47,10 @@ class RMSNorm(nn.Module):
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) over the last dimension, in float32: transformers' Qwen3RMSNorm step for
-    step. torch.rms_norm runs these very ops, but its wrapper costs more than they do at a few rows."""
+    step (x * x is its pow(x, 2) exactly, in a cheaper op). torch.rms_norm runs the same ops, but its
+    wrapper costs more than they do at a few rows."""
     wide = as_float(x)
-    return wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    return wide * torch.rsqrt((wide * wide).mean(-1, keepdim=True) + eps)
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +121,7 @@ def version(t: torch.Tensor) -> int | None:
         return None
 
 
-class Attention(nn.Module):
+class Attention(Direct):
     """Grouped-query self-attention; new K/V go through the cache when there is one."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
@@ -159,7 +167,7 @@ class Attention(nn.Module):
         return weight * as_dtype(rms_normalize(qk, self.q_norm.eps), qk.dtype)
 
 
-class MLP(nn.Module):
+class MLP(Direct):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, cfg: ModelConfig):
@@ -172,7 +180,7 @@ class MLP(nn.Module):
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(Direct):
     """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
