@@ -79,7 +79,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     halves swapped by one roll, times the sin whose first half rope_angles negated (bit-identical to
     transformers' x cos + rotate_half(x) sin, in fewer ops)."""
     wide = as_float(x)
-    return as_dtype(wide * cos + wide.roll(x.shape[-1] // 2, dims=-1) * sin, x.dtype)
+    return as_dtype((wide * cos).add_(wide.roll(x.shape[-1] // 2, dims=-1).mul_(sin)), x.dtype)
 
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -168,7 +168,8 @@ class Attention(Direct):
 
 
 class MLP(Direct):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), silu and product in place on gate's fresh output
+    (a prompt's [T, 3 hidden] tensors are megabytes, and fresh memory costs page faults)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -177,11 +178,12 @@ class MLP(Direct):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(nn.functional.silu(self.gate_proj(x), inplace=True).mul_(self.up_proj(x)))
 
 
 class DecoderLayer(Direct):
-    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)); each sum is written into the
+    branch's own fresh output (in place: no new tensor, the same numbers)."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -191,8 +193,8 @@ class DecoderLayer(Direct):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None, rope=None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, cache, rope)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), positions, cache, rope).add_(x)
+        return self.mlp(self.post_attention_layernorm(x)).add_(x)
 
 
 class Qwen3Model(nn.Module):
