@@ -42,7 +42,7 @@ class RMSNorm(Direct):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * as_dtype(rms_normalize(x, self.eps), x.dtype)
+        return as_dtype(rms_normalize(x, self.eps), x.dtype).mul_(self.weight)
 
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -164,7 +164,7 @@ class Attention(Direct):
         cfg = self.cfg
         weight = derived(self, "_qk_norm_weight", lambda wq, wk: torch.cat(
             [wq.expand(cfg.num_heads, -1), wk.expand(cfg.num_kv_heads, -1)]), self.q_norm.weight, self.k_norm.weight)
-        return weight * as_dtype(rms_normalize(qk, self.q_norm.eps), qk.dtype)
+        return as_dtype(rms_normalize(qk, self.q_norm.eps), qk.dtype).mul_(weight)
 
 
 class MLP(Direct):
