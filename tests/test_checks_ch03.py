@@ -396,19 +396,14 @@ def test_honest_styles_score_full_marks_through_the_grader():
     """Through make grade's sealed grader (the learner's classes in the host, on its stubbed engine): reserve
     reading its table with zero-argument super(), and the 3.2 and 3.3 cells chained on the class before
     (class PagedKVCache(PagedKVCache)); every exercise keeps its points."""
-    from fixtures.course_support import BUILD, REPO, expanded, grade_json, possible, scores, with_cell_edited, \
-        write_notebook
+    from fixtures.course_support import REPO, assert_full_marks, expanded, with_cell_edited
     chapter = REPO / "solutions" / "ch03_paged_cache.py"
     notebook = with_cell_edited(expanded(chapter), "ch03_reserve", lambda source: source.replace(
         "        table = self.table(seq)\n        new", "        table = super().table(seq)\n        new"))
     for cell in ("ch03_write", "ch03_free"):
         notebook = with_cell_edited(notebook, cell, lambda source: source.replace(
             "class PagedKVCache(engine.cache.paged.PagedKVCache):", "class PagedKVCache(PagedKVCache):"))
-    folder = BUILD / "styles" / "ch03"
-    write_notebook(notebook, folder, chapter.stem)
-    report = grade_json(folder, REPO / "solutions")
-    full = possible(report)
-    assert {key: scores(report)[key] for key in full} == full
+    assert_full_marks(notebook, chapter, "ch03")
 
 
 def test_the_milestone_writes_the_divergence_out_as_text():

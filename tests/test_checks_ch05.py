@@ -533,13 +533,8 @@ def test_honest_styles_score_full_marks_through_the_grader():
     """Through make grade's sealed grader (the pieces in the host, on its stubbed engine, where Exercise 5.4's
     bodies run the notebook's definitions): forget refreshing the parent through zero-argument super() keeps
     Exercise 5.2's points (its check evicts through the scheduler), and every other exercise's."""
-    from fixtures.course_support import BUILD, REPO, expanded, grade_json, possible, scores, with_cell_edited, \
-        write_notebook
+    from fixtures.course_support import REPO, assert_full_marks, expanded, with_cell_edited
     chapter = REPO / "solutions" / "ch05_prefix_caching.py"
     notebook = with_cell_edited(expanded(chapter), "ch05_evict", lambda source: source.replace(
         "            self.refresh(parent, front=True)", "            super().refresh(parent, front=True)"))
-    folder = BUILD / "styles" / "ch05"
-    write_notebook(notebook, folder, chapter.stem)
-    report = grade_json(folder, REPO / "solutions")
-    full = possible(report)
-    assert {key: scores(report)[key] for key in full} == full
+    assert_full_marks(notebook, chapter, "ch05")
