@@ -346,18 +346,13 @@ def test_honest_styles_score_full_marks_through_the_grader():
     """Through make grade's sealed grader (the classes in the host, on its stubbed engine): admit and preempt
     calling the engine's helpers through zero-argument super(); parallel sampling, whose check runs them,
     keeps its points, and so does every other exercise."""
-    from fixtures.course_support import BUILD, REPO, expanded, grade_json, possible, scores, with_cell_edited, \
-        write_notebook
+    from fixtures.course_support import REPO, assert_full_marks, expanded, with_cell_edited
     chapter = REPO / "solutions" / "ch07_continuous_batching.py"
     notebook = with_cell_edited(expanded(chapter), "ch07_admit", lambda source: source.replace(
         "        if not self.make_room(need):", "        if not super().make_room(need):"))
     notebook = with_cell_edited(notebook, "ch07_preempt", lambda source: source.replace(
         "            self.release(seq)\n", "            super().release(seq)\n"))
-    folder = BUILD / "styles" / "ch07"
-    write_notebook(notebook, folder, chapter.stem)
-    report = grade_json(folder, REPO / "solutions")
-    full = possible(report)
-    assert {key: scores(report)[key] for key in full} == full
+    assert_full_marks(notebook, chapter, "ch07")
 
 
 # ---- the milestone writes text: the trained model served by the learner's scheduler and cache -----------
