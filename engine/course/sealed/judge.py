@@ -2,11 +2,12 @@
 verdicts; it runs no learner code at all.
 
 The grader starts two processes per notebook. The host (engine.course.sealed.host, in the sandbox)
-runs every cell the notebook has and holds the learner's objects. The judge (this module, outside the
-sandbox) holds the key. It runs the chapter's test cells itself, on its own copy of the checks, the
-engine and the chapter's setup cells; the names a test reads that the learner defined are `Remote`s
-for the host's objects (engine.course.sealed.remote), except a Triton kernel, which it builds from the
-cell's text itself (engine.course.sealed.kernels). Whether a test may count is decided here from the
+runs every cell the notebook has and holds the learner's objects. The judge (this module, in a sandbox
+of its own where bubblewrap works: engine.course.sandbox.confine) holds the channel key. It runs the
+chapter's test cells itself, on its own copy of the checks, the engine and the chapter's setup cells;
+the names a test reads that the learner defined are `Remote`s for the host's objects
+(engine.course.sealed.remote), except a Triton kernel, which it takes from the cell's text
+(engine.course.sealed.kernels) and launches in the kernel process the grader starts for it. Whether a test may count is decided here from the
 cells' text (engine.course.sealed.decide: own work, refusals; likeness: copies of the reference).
 What the host reports (the chapter's names it bound again, what it refused) is shown, never deciding,
 and a host reply that does not fit its schema costs the cell. Time is the host's CPU time and a
