@@ -242,7 +242,7 @@ def test_the_scheduler_gone_stops_the_run_and_a_rerun_grades_only_the_rest(clust
     run = subprocess.Popen(command(tmp_path / "submissions", course, "--cluster", cluster.address), cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     results, deadline = course / "sandbox" / "results", time.monotonic() + 300
-    while not list(results.glob("*/*.json")) and time.monotonic() < deadline:
+    while not list(results.glob("*/*.json")) and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     cluster.kill(cluster.scheduler)
     out, _ = run.communicate(timeout=300)
