@@ -14,7 +14,6 @@ import nbformat
 
 from . import cells
 from .paths import assignment_id, chapter_name, offline_cpu_environ, repo_root
-from .sandbox import die_with_parent
 from .source import load_chapter
 
 COURSE_ID = "paged-kv-course"
@@ -171,11 +170,10 @@ def stage_sources(course_dir: Path, chapters: list[Path]) -> dict[str, Path]:
 
 
 def run_nbgrader(course_dir: Path, *args: str) -> str:
-    """Run `nbgrader ARGS` in course_dir with the venv's bin first on PATH; its log, or NbgraderError.
-    nbgrader dies with this process (a killed instructor command leaves no nbgrader running)."""
+    """Run `nbgrader ARGS` in course_dir with the venv's bin first on PATH; its log, or NbgraderError."""
     command = [sys.executable, "-m", "nbgrader", *args]
     result = subprocess.run(command, cwd=course_dir, env=offline_cpu_environ(),
-                            capture_output=True, text=True, preexec_fn=die_with_parent)
+                            capture_output=True, text=True)
     log = result.stdout + result.stderr
     if result.returncode != 0 or "[ERROR]" in log:
         raise NbgraderError(f"nbgrader {' '.join(args)} failed (exit {result.returncode}) in {course_dir}:\n{log}")
