@@ -42,8 +42,8 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	touch $(STAMP)
 	@echo "make setup: done in $$(( $$(date +%s) - $$(cat build/.setup-started) )) s"
 
-# Browser tests need Chromium (engine/course/book.py finds it); without it they skip, and say so here.
-CHROMIUM_CHECK = $(PY) -c "from engine.course.book import chromium_executable as c, CHROMIUM_HINT as h; \
+# Browser tests need Chromium (engine/course/authoring/book.py finds it); without it they skip, and say so here.
+CHROMIUM_CHECK = $(PY) -c "from engine.course.authoring.book import chromium_executable as c, CHROMIUM_HINT as h; \
 	c() or print('make test: browser tests will skip: ' + h)"
 
 test: setup
@@ -78,68 +78,68 @@ lab: setup
 	wait $$lab
 
 release: setup
-	$(PY) -m engine.course.release
+	$(PY) -m engine.course.authoring.release
 
 DIR ?= notebooks
 grade: setup
-	$(PY) -m engine.course.grade "$(DIR)"
+	$(PY) -m engine.course.grading.grade "$(DIR)"
 
 SUBMISSIONS ?= submissions
 JOBS ?= 2
 SANDBOX ?= auto
 autograde: setup
-	$(PY) -m engine.course.autograde "$(SUBMISSIONS)" --jobs "$(JOBS)" --sandbox "$(SANDBOX)" \
+	$(PY) -m engine.course.grading.autograde "$(SUBMISSIONS)" --jobs "$(JOBS)" --sandbox "$(SANDBOX)" \
 		$(if $(CLUSTER),--cluster "$(CLUSTER)")
 
-# A class through nbgrader's exchange (engine/course/class_folder.py): the course folder from a roster
-# (engine/course/hub/roster.example.ini), then one round of grading per chapter after students submit.
+# A class through nbgrader's exchange (engine/course/classroom/class_folder.py): the course folder from a roster
+# (engine/course/classroom/hub/roster.example.ini), then one round of grading per chapter after students submit.
 ROSTER ?= roster.ini
 COURSE ?= course
 CHAPTER ?=
 RELEASE ?=
 course: setup
-	$(PY) -m engine.course.class_folder prepare --roster "$(ROSTER)" --course "$(COURSE)"
+	$(PY) -m engine.course.classroom.class_folder prepare --roster "$(ROSTER)" --course "$(COURSE)"
 
 class-grade: setup
-	$(PY) -m engine.course.class_folder grade "$(CHAPTER)" --course "$(COURSE)" --jobs "$(JOBS)" \
+	$(PY) -m engine.course.classroom.class_folder grade "$(CHAPTER)" --course "$(COURSE)" --jobs "$(JOBS)" \
 	  --sandbox "$(SANDBOX)" $(if $(RELEASE),--release)
 
-# JupyterHub for the class (engine/course/hub/, as root): the install every account can run, the
+# JupyterHub for the class (engine/course/classroom/hub/, as root): the install every account can run, the
 # roster's accounts, the hub on http://127.0.0.1:$(HUB_PORT).
 HUB_PREFIX ?= /opt/paged-kv-course
 HUB_PORT ?= 8000
 hub-setup: setup
-	HUB_PREFIX="$(HUB_PREFIX)" bash engine/course/hub/setup.sh
+	HUB_PREFIX="$(HUB_PREFIX)" bash engine/course/classroom/hub/setup.sh
 
 hub-accounts:
-	$(HUB_PREFIX)/bin/python -m engine.course.hub.accounts --roster "$(ROSTER)"
+	$(HUB_PREFIX)/bin/python -m engine.course.classroom.hub.accounts --roster "$(ROSTER)"
 
 hub:
 	HUB_PREFIX="$(HUB_PREFIX)" HUB_ROSTER="$(abspath $(ROSTER))" HUB_PORT="$(HUB_PORT)" \
-	  $(HUB_PREFIX)/bin/jupyterhub -f $(HUB_PREFIX)/src/engine/course/hub/jupyterhub_config.py
+	  $(HUB_PREFIX)/bin/jupyterhub -f $(HUB_PREFIX)/src/engine/course/classroom/hub/jupyterhub_config.py
 
 # As an instructor, after CHAPTER's due date: the student engine keeps its reference from now on.
 hub-unlock:
-	$(HUB_PREFIX)/bin/python -m engine.course.hub.student_engine --unlock "$(CHAPTER)" --course "$(COURSE)"
+	$(HUB_PREFIX)/bin/python -m engine.course.classroom.hub.student_engine --unlock "$(CHAPTER)" --course "$(COURSE)"
 
 HUB_STATE ?= /srv/jupyterhub
 hub-teardown:
-	$(HUB_PREFIX)/bin/python -m engine.course.hub.accounts --roster "$(ROSTER)" --remove --hub-state "$(HUB_STATE)"
+	$(HUB_PREFIX)/bin/python -m engine.course.classroom.hub.accounts --roster "$(ROSTER)" --remove --hub-state "$(HUB_STATE)"
 
 # What an instructor hands out: the chapters named, an engine stubbed for every chapter not unlocked.
 CHAPTERS ?=
 UNLOCK ?=
 student-edition: setup
-	$(PY) -m engine.course.edition --chapters "$(CHAPTERS)" --unlock "$(UNLOCK)"
+	$(PY) -m engine.course.authoring.edition --chapters "$(CHAPTERS)" --unlock "$(UNLOCK)"
 
 book: setup
-	$(PY) -m engine.course.book
+	$(PY) -m engine.course.authoring.book
 
 book-instructor: setup
-	$(PY) -m engine.course.book --instructor
+	$(PY) -m engine.course.authoring.book --instructor
 
 book-pdf: setup
-	$(PY) -m engine.course.book --pdf
+	$(PY) -m engine.course.authoring.book --pdf
 
 bench: setup
 	$(PY) -m engine bench

@@ -58,8 +58,8 @@ from engine.checkpoint import TRAINED_DIR, tiny_model, trained_model
 from engine.checks import ch01
 from engine.config import ModelConfig, known_config
 from engine.config import kv_bytes_per_token as reference_kv_bytes    # the engine's
-from engine.course.figures.ch01 import plot_decode_cost, plot_reserved_vs_used
-from engine.course.widgets import explorer
+from engine.course.authoring.figures.ch01 import plot_decode_cost, plot_reserved_vs_used
+from engine.course.authoring.widgets import explorer
 from engine.tools.contiguous import ContiguousKVCache
 from engine.tools.demos.paged import request_lengths, static_figures
 from engine.generate import cached_step, generate, pack, scratch_logits

@@ -62,9 +62,9 @@ from engine.cache.errors import BlockRefError, OutOfBlocks
 from engine.cache.slots import check_block_size
 from engine.checkpoint import tiny_model
 from engine.checks import ch02
-from engine.course.figures.ch02 import (draw_block_table, draw_pool,
-                                        plot_block_size_tradeoff)
-from engine.course.widgets import explorer
+from engine.course.authoring.figures.ch02 import (draw_block_table, draw_pool,
+                                                  plot_block_size_tradeoff)
+from engine.course.authoring.widgets import explorer
 from engine.config import ModelConfig
 from engine.tools.demos.paged import request_lengths, static_figures
 from engine.generate import cached_step, scratch_logits
@@ -262,7 +262,7 @@ def show_table(length=37, block_size=8, seed=0):
     draw_block_table(table, length, block_size)
 
 
-# Every state precomputed, swapped in the browser (engine/course/widgets.py).
+# Every state precomputed, swapped in the browser (engine/course/authoring/widgets.py).
 explorer(show_table, length=(1, 40, 37), block_size=([4, 8, 16], 8))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ch02_util_md", "locked": true, "schema_version": 3, "solution": false}

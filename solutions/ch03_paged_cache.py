@@ -58,8 +58,8 @@ from engine.cache.errors import OutOfBlocks
 from engine.cache.slots import blocks_needed, slot_mapping
 from engine.checkpoint import tiny_model
 from engine.checks import ch03
-from engine.course.figures import ch03 as figures
-from engine.course.widgets import explorer
+from engine.course.authoring.figures import ch03 as figures
+from engine.course.authoring.widgets import explorer
 from engine.tools.demos.paged import request_lengths, static_figures
 from engine.generate import cached_step, scratch_logits
 from engine.seeded import seeded_tokens

@@ -57,8 +57,8 @@ from engine.cache.slots import blocks_needed
 from engine.checkpoint import tiny_model
 from engine.checks import ch04
 from engine.config import ModelConfig
-from engine.course.figures import ch04 as figures
-from engine.course.widgets import explorer
+from engine.course.authoring.figures import ch04 as figures
+from engine.course.authoring.widgets import explorer
 from engine.generate import cached_step, scratch_logits
 from engine.sampling import SamplingParams, sample
 from engine.seeded import seeded_tokens
@@ -347,7 +347,7 @@ def explore_fork(prompt_len=40, samples=4, generated=1, block_size=16):
     figures.draw_tables(sim, list(range(samples)), "orange = shared, blue = private")
 
 
-# Every state precomputed, swapped in the browser (engine/course/widgets.py).
+# Every state precomputed, swapped in the browser (engine/course/authoring/widgets.py).
 explorer(explore_fork, prompt_len=([16, 40, 64], 40), samples=([2, 4], 4),
          generated=([0, 1, 9], 1), block_size=([4, 16, 64], 16))
 

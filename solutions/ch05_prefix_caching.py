@@ -57,8 +57,8 @@ from engine.cache.prefix import Entry  # noqa: F401  (the included code names it
 from engine.checkpoint import tiny_model
 from engine.checks import ch05
 from engine.config import ModelConfig
-from engine.course.figures import ch05 as figures
-from engine.course.widgets import explorer
+from engine.course.authoring.figures import ch05 as figures
+from engine.course.authoring.widgets import explorer
 from engine.tools.demos import bench_prefix
 from engine.serve.shared_prompt import run as prefix_demo
 from engine.generate import cached_step

@@ -59,8 +59,8 @@ from engine.tools.bench_decode import PEAK_GBS
 from engine.attention.paged_reference import gather_history, paged_attention_reference
 from engine.checks import ch06
 from engine.config import ModelConfig
-from engine.course.figures import ch06 as figures
-from engine.course.widgets import explorer
+from engine.course.authoring.figures import ch06 as figures
+from engine.course.authoring.widgets import explorer
 
 # Before any kernel is defined: without CUDA, turn on Triton's interpreter
 # (TRITON_INTERPRET=1). Without Triton at all (macOS, Windows): stand-ins that

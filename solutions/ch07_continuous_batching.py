@@ -61,7 +61,7 @@ import torch
 
 from engine.cache.paged import PagedKVCache as ReferenceCache   # the engine's
 from engine.checks import ch07
-from engine.course.figures import ch07 as figures
+from engine.course.authoring.figures import ch07 as figures
 from engine.tools import simulate
 from engine.serve.engine import Engine
 from engine.serve.scheduler import Scheduler as ReferenceScheduler

@@ -53,11 +53,10 @@ from engine.cache.quantized import QuantizedPagedKVCache as ReferenceInt8Cache
 from engine.checks import ch08, tiny
 from engine.checks.ch08 import INT8_ATOL, kv_bytes_reference, load_hf
 from engine.config import known_config
-from engine.course.figures.ch08 import (block_values, draw_block, plot_block_choice,
-                                        plot_block_tradeoff, plot_capacity,
-                                        plot_readback_error, readback_errors,
-                                        simulated_capacity)
-from engine.course.widgets import explorer
+from engine.course.authoring.figures.ch08 import (
+    block_values, draw_block, plot_block_choice, plot_block_tradeoff, plot_capacity,
+    plot_readback_error, readback_errors, simulated_capacity)
+from engine.course.authoring.widgets import explorer
 from engine.generate import cached_step, scratch_logits
 from engine.seeded import seeded_tokens
 

@@ -222,7 +222,7 @@ def test_truncate_list_identity_is_the_notebooks_check_and_never_the_graders_wor
     neither asks the host about it nor scores it. The rebinding truncate passes there; every other
     part of the check still runs on the host's answers (an early return still fails), and the host is
     asked to run none of the checks' helpers, so a host that would lie about the list has no say."""
-    import engine.course.sealed.host as host
+    import engine.course.grading.sealed.host as host
     fails_with(ch03.check_truncate, TruncateRebinds, ["the table list a caller took with table(",
                                                       "cut the list in place"])
     asked = []

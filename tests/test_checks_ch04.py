@@ -246,7 +246,7 @@ def test_an_aliased_table_is_caught_by_what_the_judge_sees(monkeypatch):
     child's table that is the parent's list object shows there by behaviour (the child truncated, the
     parent's table cut too), through the cache's own methods. The host is asked to run none of the
     checks' helpers, so a host that would report "no aliasing" has no say; honest copies pass."""
-    import engine.course.sealed.host as host
+    import engine.course.grading.sealed.host as host
     asked = []
     monkeypatch.setattr(host, "named", lambda module, qualname: asked.append(qualname) or (lambda *a, **k: []))
     copying = {name: mutant(PagedKVCache, "fork", f"-    table = list(self.table(parent))\n+    {line}",

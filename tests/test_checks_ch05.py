@@ -452,7 +452,7 @@ def test_a_passing_milestone_writes_no_text(monkeypatch):
 
 class EditionEngine(PrefixCache):
     """The engine as the grader's host (a student edition) has it: Exercise 5.4's bodies run the notebook's
-    definitions (engine/course/edition.py `yours`), on whatever instance the check hands them."""
+    definitions (engine/course/authoring/edition.py `yours`), on whatever instance the check hands them."""
 
     def evictable(self, entry):
         return sys.modules["__main__"].Evict.evictable(self, entry)

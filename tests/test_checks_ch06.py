@@ -269,14 +269,14 @@ def host():
                                            ("check_decode_in_engine", "decode")])
 def test_a_kernel_the_graders_host_holds_is_never_launched_and_earns_nothing(host, check, kernel):
     """Issue 36: a launch is never the host's word. A kernel that reaches a check as the host's object (the
-    grader's judge builds its own from the cell's text, engine.course.sealed.kernelbox) is not launched,
+    grader's judge builds its own from the cell's text, engine.course.grading.sealed.kernelbox) is not launched,
     neither in the judge nor handed to the host to launch where it lives: the check fails saying why."""
     fails_with(getattr(ch06, check), host[kernel], ["reads from your cell's text", "define it in its exercise cell"])
     assert Recorded.launches == []
 
 
 def test_no_chapter_6_helper_is_left_for_the_graders_host_to_run():
-    from engine.course.sealed.host import EngineHelpers
+    from engine.course.grading.sealed.host import EngineHelpers
     assert not [key for key in EngineHelpers().table if key[0] == "engine.checks.ch06"]
 
 

@@ -375,7 +375,7 @@ def test_a_wrong_answer_restates_the_question_with_its_numbers():
 def test_the_questions_text_states_the_checks_numbers():
     """The markdown of R1 and R3 names the numbers their checks compute with (one source for both)."""
     from engine.course.paths import chapter_files
-    from engine.course.source import load_chapter
+    from engine.course.authoring.source import load_chapter
     [path] = [p for p in chapter_files() if p.stem.startswith("ch08_")]
     text = {cell.metadata.get("nbgrader", {}).get("grade_id"): " ".join(cell.source.split())
             for cell in load_chapter(path).cells}

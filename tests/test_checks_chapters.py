@@ -8,7 +8,7 @@ import pytest
 from engine import checks
 from engine.course import cells
 from engine.course.paths import chapter_files
-from engine.course.source import load_chapter
+from engine.course.authoring.source import load_chapter
 
 
 CHAPTER_MODULES = [importlib.import_module(f"engine.checks.{info.name}")

@@ -16,7 +16,9 @@ import nbformat
 import pytest
 import torch
 
-from engine.course import edition, grade, release
+from engine.course.authoring import edition, release
+
+from engine.course.grading import grade
 from engine.sampling import SamplingParams, sample
 from fixtures.commands import run_command
 from fixtures.course_support import FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, REPO
@@ -76,7 +78,7 @@ def tmp(tmp_path):
 ])
 @pytest.mark.parametrize("force", [[], ["--force"]])
 def test_edition_refuses_the_repository_and_its_sources_even_with_force(copy, out, words, force):
-    done = run("engine.course.edition", "--chapters", "ch02", "--out", out, *force, cwd=copy)
+    done = run("engine.course.authoring.edition", "--chapters", "ch02", "--out", out, *force, cwd=copy)
     assert_refused(done, *words)
     assert str(copy.resolve()) in done.stderr or out != "..", "the command did not run the copy"
     assert not intact(copy) and not (copy / "engine" / "x").exists() and not (copy / "tests" / "out").exists()
@@ -86,7 +88,7 @@ def test_edition_refuses_the_repository_and_its_sources_even_with_force(copy, ou
 def test_edition_force_never_empties_a_folder_it_did_not_write(tmp, force):
     (tmp / "handout").mkdir()
     (tmp / "handout" / "mine.txt").write_text("an instructor's notes")
-    done = run("engine.course.edition", "--chapters", "ch02", "--out", "handout", *force, cwd=tmp)
+    done = run("engine.course.authoring.edition", "--chapters", "ch02", "--out", "handout", *force, cwd=tmp)
     assert_refused(done, "--out handout", "did not write", "name an empty or new folder")
     assert (tmp / "handout" / "mine.txt").read_text() == "an instructor's notes"
 
@@ -105,7 +107,7 @@ def test_edition_force_never_empties_a_folder_it_did_not_write(tmp, force):
 ])
 def test_edition_refuses_a_bad_argument_in_one_line(tmp, args, words):
     out = [] if "--out" in args else ["--out", "ed"]
-    assert_refused(run("engine.course.edition", *args, *out, cwd=tmp), *words)
+    assert_refused(run("engine.course.authoring.edition", *args, *out, cwd=tmp), *words)
     assert sorted(p.name for p in tmp.iterdir()) == ["afile"]
 
 
@@ -163,7 +165,7 @@ def test_releasing_one_chapter_keeps_the_other_notebooks(tmp_path, monkeypatch, 
     (["--work", "."], ["--work . is the repository itself"]),
 ])
 def test_release_refuses_before_any_work(copy, args, words):
-    done = run("engine.course.release", *args, cwd=copy)
+    done = run("engine.course.authoring.release", *args, cwd=copy)
     assert_refused(done, *words)
     assert not intact(copy) and not (copy / "README.md").exists()
     assert (copy / "engine" / "README.md").read_text() == (REPO / "engine" / "README.md").read_text()
@@ -173,10 +175,10 @@ def test_release_work_never_empties_a_folder_it_did_not_create(tmp):
     (tmp / "important").mkdir()
     (tmp / "important" / "notes.txt").write_text("mine")
     chapter = REPO / "solutions" / "ch02_block_tables.py"
-    done = run("engine.course.release", str(chapter), "--out", "nb", "--work", "important", cwd=tmp)
+    done = run("engine.course.authoring.release", str(chapter), "--out", "nb", "--work", "important", cwd=tmp)
     assert_refused(done, "--work important holds files release did not write")
     assert (tmp / "important" / "notes.txt").read_text() == "mine" and not (tmp / "nb").exists()
-    done = run("engine.course.release", "/no/such/ch02_x.py", "--work", "important", cwd=tmp)
+    done = run("engine.course.authoring.release", "/no/such/ch02_x.py", "--work", "important", cwd=tmp)
     assert_refused(done, "CHAPTER /no/such/ch02_x.py does not exist")
     assert (tmp / "important" / "notes.txt").read_text() == "mine"
 
@@ -196,13 +198,13 @@ def test_release_work_never_empties_a_folder_it_did_not_create(tmp):
     (["--pdf", "--instructor"], ["--instructor does not apply to --pdf"]),
 ])
 def test_book_refuses_its_out_before_executing_a_chapter(copy, args, words):
-    done = run("engine.course.book", *args, cwd=copy)
+    done = run("engine.course.authoring.book", *args, cwd=copy)
     assert_refused(done, *words)
     assert "executed" not in done.stdout and not intact(copy)
 
 
 def test_book_takes_a_new_folder_or_an_earlier_build(tmp_path):
-    from engine.course.book import out_refusal
+    from engine.course.authoring.book import out_refusal
     assert out_refusal(tmp_path / "new") == ""
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / ".buildinfo").write_text("# Sphinx build info version 1\n")
@@ -237,7 +239,7 @@ def subs(tmp):
     (["subs", "--course", "scratch", "--solutions", "empty"], ["--solutions empty holds no chapter source"]),
 ])
 def test_autograde_refuses_before_writing_or_deleting(subs, args, words):
-    done = run("engine.course.autograde", *args, cwd=subs)
+    done = run("engine.course.grading.autograde", *args, cwd=subs)
     assert_refused(done, *words)
     assert (subs / "course" / "submitted" / "ada" / "ch02_block_tables.ipynb").read_text() == "{}"
     assert not (subs / "scratch").exists() and not (subs / "course" / "nbgrader_config.py").exists()
@@ -248,7 +250,7 @@ def test_autograde_refuses_the_repository_as_its_course(copy):
     (copy / "subs" / "ada" / "ch02_block_tables.ipynb").write_text("{}")
     for course, words in ((".", "--course . is the repository itself"),
                           ("notebooks", "--course notebooks is inside the repository's notebooks/")):
-        assert_refused(run("engine.course.autograde", "subs", "--course", course, cwd=copy), words)
+        assert_refused(run("engine.course.grading.autograde", "subs", "--course", course, cwd=copy), words)
     assert not intact(copy) and not (copy / "nbgrader_config.py").exists()
 
 
@@ -261,7 +263,8 @@ def test_make_autograde_with_an_empty_submissions_is_refused(tmp_path):
 
 def test_autograde_sandbox_required_is_refused_up_front_where_there_is_none(subs):
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}           # no bwrap on this PATH
-    done = run("engine.course.autograde", "subs", "--course", "scratch", "--sandbox", "required", cwd=subs, env=env)
+    done = run("engine.course.grading.autograde", "subs", "--course", "scratch", "--sandbox", "required", cwd=subs,
+               env=env)
     assert_refused(done, "--sandbox required, but there is no working sandbox here", "bubblewrap")
     assert not (subs / "scratch").exists()
 
@@ -280,7 +283,7 @@ def test_grade_refuses_to_grade_nothing(tmp, args, words):
     (tmp / "nb").mkdir()
     (tmp / "nb" / "ch99_fixture.ipynb").write_text("{}")
     solutions = [] if "--solutions" in args else ["--solutions", str(FIXTURE_SOLUTIONS)]
-    assert_refused(run("engine.course.grade", *args, *solutions, cwd=tmp), *words)
+    assert_refused(run("engine.course.grading.grade", *args, *solutions, cwd=tmp), *words)
 
 
 def test_grade_with_some_chapters_missing_still_grades_the_others(tmp_path, monkeypatch):
@@ -302,7 +305,7 @@ def test_grade_with_some_chapters_missing_still_grades_the_others(tmp_path, monk
     ([str(FIXTURE_CHAPTER), "--outputs", str(FIXTURE_CHAPTER)], ["is not a folder of executed chapters (a file"]),
 ])
 def test_lint_tells_a_bad_argument_exit_2_from_a_broken_rule_exit_1(tmp_path, args, words):
-    assert_refused(run("engine.course.lint", *args, cwd=tmp_path), *words)
+    assert_refused(run("engine.course.authoring.lint", *args, cwd=tmp_path), *words)
 
 
 # ---- finding 6 and 16: gpu_check; finding 8: compile_check ------------------------------------------------

@@ -361,21 +361,22 @@ def test_cached_step_checks_ids_before_reserving(model):
 # ---- the course commands --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("module, args, words", [
-    ("engine.course.grade", ["--jobs", "0"], "argument --jobs: 0 is not a whole number from 1 to 256"),
-    ("engine.course.grade", ["--timeout", "nan"], "argument --timeout: nan is not a finite number > 0"),
-    ("engine.course.grade", ["/no/such/folder"], "/no/such/folder is not a folder of notebooks"),
-    ("engine.course.autograde", ["--jobs", "-3", "."], "argument --jobs: -3 is not a whole number from 1 to 256"),
-    ("engine.course.autograde", ["--timeout", "0", "."], "argument --timeout: 0 is not a whole number >= 1"),
-    ("engine.course.autograde", ["--sandbox", "maybe", "."], "argument --sandbox: invalid choice: 'maybe'"),
-    ("engine.course.edition", ["--chapters", "chapter2"], "no chapter 'chapter2' in solutions/"),
-    ("engine.course.edition", ["--chapters", ""], "name the chapters to hand out"),
-    ("engine.course.edition", ["--chapters", "ch02_typo_here"], "no chapter 'ch02_typo_here' in solutions/"),
-    ("engine.course.autograde", [""], "SUBMISSIONS is empty"),
-    ("engine.course.grade", [""], "DIR is empty"),
-    ("engine.course.lint", ["/no/such/ch02_x.py"], "CHAPTER /no/such/ch02_x.py does not exist"),
-    ("engine.course.release", ["README.md"], "CHAPTER README.md is not a chapter source"),
-    ("engine.course.book", ["--pdf", "--instructor"], "--instructor does not apply to --pdf"),
-    ("engine.course.release", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("engine.course.grading.grade", ["--jobs", "0"], "argument --jobs: 0 is not a whole number from 1 to 256"),
+    ("engine.course.grading.grade", ["--timeout", "nan"], "argument --timeout: nan is not a finite number > 0"),
+    ("engine.course.grading.grade", ["/no/such/folder"], "/no/such/folder is not a folder of notebooks"),
+    ("engine.course.grading.autograde", ["--jobs", "-3", "."],
+     "argument --jobs: -3 is not a whole number from 1 to 256"),
+    ("engine.course.grading.autograde", ["--timeout", "0", "."], "argument --timeout: 0 is not a whole number >= 1"),
+    ("engine.course.grading.autograde", ["--sandbox", "maybe", "."], "argument --sandbox: invalid choice: 'maybe'"),
+    ("engine.course.authoring.edition", ["--chapters", "chapter2"], "no chapter 'chapter2' in solutions/"),
+    ("engine.course.authoring.edition", ["--chapters", ""], "name the chapters to hand out"),
+    ("engine.course.authoring.edition", ["--chapters", "ch02_typo_here"], "no chapter 'ch02_typo_here' in solutions/"),
+    ("engine.course.grading.autograde", [""], "SUBMISSIONS is empty"),
+    ("engine.course.grading.grade", [""], "DIR is empty"),
+    ("engine.course.authoring.lint", ["/no/such/ch02_x.py"], "CHAPTER /no/such/ch02_x.py does not exist"),
+    ("engine.course.authoring.release", ["README.md"], "CHAPTER README.md is not a chapter source"),
+    ("engine.course.authoring.book", ["--pdf", "--instructor"], "--instructor does not apply to --pdf"),
+    ("engine.course.authoring.release", ["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_a_course_command_refuses_a_bad_value_in_one_line(module, args, words, tmp_path):
     done = run_command(module, *args, cwd=tmp_path)

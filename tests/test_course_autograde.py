@@ -16,8 +16,8 @@ import nbformat
 import pytest
 
 from engine.course import cells
-from engine.course.autograde import collect, main, not_graded, student_ids, summary
-from engine.course.nbgrader_course import write_config
+from engine.course.grading.autograde import collect, main, not_graded, student_ids, summary
+from engine.course.authoring.nbgrader_course import write_config
 from fixtures.course_support import (FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, expanded, stubbed, with_cells_added,
                                      write_notebook)
 
@@ -70,7 +70,7 @@ def test_summary_names_a_chapter_a_student_did_not_send(tmp_path):
 
 
 def test_grades_csv_gets_the_folder_names_and_a_flags_column(tmp_path):
-    from engine.course.autograde import Fault, finish_grades
+    from engine.course.grading.autograde import Fault, finish_grades
     grades = tmp_path / "grades.csv"
     grades.write_text("assignment,student_id,raw_score\nch99,ada,6.0\nch99,dot-1234abcd,0.0\n")
     (tmp_path / "flags" / "ada").mkdir(parents=True)
@@ -85,8 +85,8 @@ def test_grades_csv_gets_the_folder_names_and_a_flags_column(tmp_path):
 def test_no_feedback_step_when_nbgrader_autograded_nothing(tmp_path, monkeypatch):
     """nbgrader's autograde failing on every submission is reported by student; the feedback step, which
     would stop on "No notebooks were matched" and hide why, is not run."""
-    from engine.course import autograde as steps
-    from engine.course.cluster import Tally
+    from engine.course.grading import autograde as steps
+    from engine.course.grading.cluster import Tally
     ran = []
 
     def tolerant(course, step, *args):
@@ -212,9 +212,9 @@ def _class_in_course(course, students):
 
 
 def test_rewritten_moved_or_foreign_records_are_refused_and_graded_again(tmp_path, monkeypatch):
-    from engine.course import cluster_task
-    from engine.course.autograde import grade_submissions
-    from engine.course.nbgrader_course import cached_result, result_path
+    from engine.course.grading import cluster_task
+    from engine.course.grading.autograde import grade_submissions
+    from engine.course.authoring.nbgrader_course import cached_result, result_path
     graded = []
 
     def grade_file(notebook, chapter, workdir, timeout, sandbox, limits, hide):   # the sealed run, stood in for
@@ -256,7 +256,8 @@ def test_rewritten_moved_or_foreign_records_are_refused_and_graded_again(tmp_pat
 
 
 def test_an_unsigned_record_or_one_without_the_courses_key_is_refused(tmp_path):
-    from engine.course.nbgrader_course import cached_result, file_digest, result_key, result_path, write_result
+    from engine.course.authoring.nbgrader_course import (cached_result, file_digest, result_key, result_path,
+                                                         write_result)
     course = tmp_path / "course"
     [path] = _class_in_course(course, ["ada"])
     work, digest = course / "sandbox", file_digest(path)

@@ -28,9 +28,11 @@ from urllib.parse import urlparse
 import nbformat
 import pytest
 
-from engine.course import cells, lint, widgets
-from engine.course.book import RUBRIC_LABEL, learner_edition, setup_summary
-from engine.course.widgets import MIME_HTML
+from engine.course import cells
+
+from engine.course.authoring import lint, widgets
+from engine.course.authoring.book import RUBRIC_LABEL, learner_edition, setup_summary
+from engine.course.authoring.widgets import MIME_HTML
 from engine.course.paths import chapter_files
 from fixtures.course_support import built_book, expanded, solutions_dir
 
@@ -131,7 +133,7 @@ def test_learner_pages_show_the_stubs_and_the_reference_outputs(book, chapters):
 
 
 def is_explorer(output) -> bool:
-    """An explorer's output (engine/course/widgets.py): HTML first, its default picture as a fallback."""
+    """An explorer's output (engine/course/authoring/widgets.py): HTML first, its default picture as a fallback."""
     return 'class="course-explorer"' in output.get("data", {}).get(MIME_HTML, "")
 
 
@@ -418,7 +420,7 @@ def test_the_answer_search_catches_a_printed_answer():
 # ---- the pages read ------------------------------------------------------------------------------------------
 
 def test_every_figure_reads_at_the_books_width(book, chapters):
-    """The chapter's run audited every figure it showed (engine/course/figures): none has text that shows
+    """The chapter's run audited every figure it showed (engine/course/authoring/figures): none has text that shows
     under 11 px at the book's width."""
     for chapter, executed in chapters:
         audited = executed.metadata["course"]["figures"]
@@ -669,7 +671,7 @@ def test_the_link_search_catches_a_placeholder_and_a_themes_default(tmp_path):
 def test_a_repository_is_linked_only_where_the_configuration_names_one():
     """book.book_config: an https repository url turns the button on and the intro links it; an empty
     one turns both off; anything else stops the build with a message naming the setting."""
-    from engine.course.book import COURSE_SOURCE_UNSET, book_config
+    from engine.course.authoring.book import COURSE_SOURCE_UNSET, book_config
     base = {"repository": {"url": "", "branch": "main"}, "html": {"use_repository_button": True},
             "parse": {"myst_substitutions": {"course_source": "from your instructor"}}}
     unset = book_config(base)
@@ -687,7 +689,7 @@ def test_a_repository_is_linked_only_where_the_configuration_names_one():
 def test_code_lines_are_spans_that_keep_the_text():
     """book.hang_lines wraps each line of a <pre> in a span with its indentation and changes no
     character of the text; a <pre> whose tags cross lines, and an explorer's text, stay as they were."""
-    from engine.course.book import hang_lines
+    from engine.course.authoring.book import hang_lines
     page = ('<pre><span></span><span class="k">def</span> f():\n    <span class="k">return</span> 1\n\n</pre>'
             '<pre class="course-explorer-text">a\nb</pre><pre>x <b>y\nz</b></pre>')
     out = hang_lines(page)

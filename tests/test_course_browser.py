@@ -23,7 +23,7 @@ import subprocess
 import nbformat
 import pytest
 
-from engine.course import book as course_book
+from engine.course.authoring import book as course_book
 from engine.course.paths import chapter_files
 from fixtures.browser_support import chromium, need_tool, offline_context
 from fixtures.course_support import REPO, build_lock, built_book, solutions_dir
@@ -366,10 +366,10 @@ def test_a_formula_too_wide_for_a_phone_is_broken_at_its_qquads_and_one_that_can
 
 
 def png_text_px(png: bytes) -> float:
-    """The smallest text of a course figure, in its own pixels (engine/course/figures: TEXT_PX_KEY)."""
-    from engine.course.figures import smallest_text_px
+    """The smallest text of a course figure, in its own pixels (engine/course/authoring/figures: TEXT_PX_KEY)."""
+    from engine.course.authoring.figures import smallest_text_px
     size = smallest_text_px(png)
-    assert size, "a figure without the size of its smallest text (not drawn through engine/course/figures)"
+    assert size, "a figure without the size of its smallest text (not drawn through engine/course/authoring/figures)"
     return size
 
 
@@ -378,7 +378,7 @@ def shown_text(found: dict, page_dir) -> list[tuple[str, float]]:
     as the browser laid it out, every state of every explorer at the width its box gives it."""
     import base64
 
-    from engine.course.widgets import png_width
+    from engine.course.authoring.widgets import png_width
     shown = []
     for figure in found["figures"]:
         png = (page_dir / figure["src"]).read_bytes()

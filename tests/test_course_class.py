@@ -1,4 +1,4 @@
-"""A class's course folder (engine/course/class_folder.py) and its reports (reports.py, export.py).
+"""A class's course folder (engine/course/classroom/class_folder.py) and its reports (reports.py, export.py).
 
 The cheap parts run in-process: the roster, the late-submission plugin, flag codes, a notebook of
 the wrong chapter. One flow with nbgrader's own commands (slow): `prepare` makes the course folder and
@@ -19,8 +19,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from engine.course import cells, class_folder, reports
-from engine.course.class_folder import LatePenalty, read_roster
+from engine.course import cells
+
+from engine.course.classroom import class_folder, reports
+from engine.course.classroom.class_folder import LatePenalty, read_roster
 from fixtures.course_support import (FIXTURE_CHAPTER, REPO, SEALED_CHAPTER, exchange_folders, expanded, nbgrader,
                                      sandbox_or_skip, stubbed)
 from fixtures.sealed_cases import NOOP_CHECKS
@@ -91,7 +93,7 @@ def test_a_notebook_of_another_chapter_is_named():
 
 
 def test_collect_takes_only_what_nbgrader_submit_made_and_names_the_rest(tmp_path):
-    from engine.course.inbound import is_account, sort_inbound
+    from engine.course.classroom.inbound import is_account, sort_inbound
     stamp = "2027-02-01 10:00:00.000000 UTC"
     for name, files in ((f"ada+ch98+{stamp}+a1", ["timestamp.txt", "submission_secret.txt", "ch98_sealed.ipynb"]),
                         (f"bob+ch98+{stamp}+b1", ["timestamp.txt", "ch98_sealed.ipynb"]),
@@ -124,7 +126,7 @@ def test_lateness_reads_in_its_own_unit():
 
 def test_a_wrong_chapter_keeps_its_row_when_another_chapter_is_graded(tmp_path, monkeypatch):
     from nbgrader.api import Gradebook
-    from engine.course.autograde import Fault
+    from engine.course.grading.autograde import Fault
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")   # nbgrader's alembic
     with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", "paged-kv-course") as gradebook:
         gradebook.update_or_create_student("cy")

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.course.autograde import autograde, main
-from engine.course.cluster import Job, refusal
-from engine.course.cluster_task import reply_mac, settings
-from engine.course.sandbox import Limits
+from engine.course.grading.autograde import autograde, main
+from engine.course.grading.cluster import Job, refusal
+from engine.course.grading.cluster_task import reply_mac, settings
+from engine.course.grading.sandbox import Limits
 from fixtures.course_support import (BUILD, FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, REPO, SEALED_CHAPTER, expanded,
                                      sandbox_or_skip, stubbed, with_cells_added, with_solution, write_notebook)
 from fixtures.sealed_cases import ALLOC, FULL, HOSTILE, SHARED, SLOT, WRONG_SLOT, _solution, _stub
@@ -189,7 +189,7 @@ FULL_FIXTURE = 6.0   # the fixture chapter's autograded points (its written answ
 
 
 def command(submissions: Path, course: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "engine.course.autograde", str(submissions), "--course", str(course),
+    return [sys.executable, "-m", "engine.course.grading.autograde", str(submissions), "--course", str(course),
             "--solutions", str(FIXTURE_SOLUTIONS), "--sandbox", "off", "--timeout", "60", *extra]
 
 

@@ -11,8 +11,8 @@ import sys
 import nbformat
 import pytest
 
-from engine.course.grade import ChapterGrade, Exercise, first_failure, format_table, grade_notebook, main
-from engine.course.source import load_chapter
+from engine.course.grading.grade import ChapterGrade, Exercise, first_failure, format_table, grade_notebook, main
+from engine.course.authoring.source import load_chapter
 from fixtures.course_support import FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, REPO, with_cell_edited, write_notebook
 
 NAME = "ch99_fixture"
@@ -123,7 +123,8 @@ def test_an_unreadable_notebook_scores_zero_and_says_why(tmp_path):
 @pytest.mark.slow
 def test_grade_command_prints_the_table_and_exits_zero(tmp_path, solution):
     write_notebook(with_cell_edited(solution, "square", lambda s: s.replace("x * x", "x + x")), tmp_path, NAME)
-    command = [sys.executable, "-m", "engine.course.grade", str(tmp_path), "--solutions", str(FIXTURE_SOLUTIONS)]
+    command = [sys.executable, "-m", "engine.course.grading.grade", str(tmp_path), "--solutions",
+               str(FIXTURE_SOLUTIONS)]
     table = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env={"GRADE_CELL_TIMEOUT": "9",
                            "PATH": "/usr/bin:/bin"})
     assert table.returncode == 0, table.stderr
@@ -142,7 +143,7 @@ def test_grade_command_prints_the_table_and_exits_zero(tmp_path, solution):
 
 def test_grade_command_json_has_the_scores_and_the_notes(tmp_path, monkeypatch, capsys):
     # --json formats what grade_directory returned (the grading itself is the table test's run above)
-    import engine.course.grade as grade
+    import engine.course.grading.grade as grade
     exercises = [Exercise("test_square", 1, 0, "test", "AssertionError: no"), Exercise("test_reset", 1, 1, "test"),
                  Exercise("why", 1, None, "manual")]
     graded = ChapterGrade(NAME, f"{NAME}.ipynb", exercises)

@@ -5,8 +5,8 @@ import os
 import nbformat
 import pytest
 
-from engine.course import lint
-from engine.course.lint import lint_chapter, main
+from engine.course.authoring import lint
+from engine.course.authoring.lint import lint_chapter, main
 from fixtures.course_support import FIXTURE_CHAPTER, real_chapters
 
 CHAPTERS = real_chapters() + [FIXTURE_CHAPTER]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from engine.course.autograde import autograde
+from engine.course.grading.autograde import autograde
 from fixtures.course_support import (BUILD, REPO, build_lock, exercise_points, expanded, grade_json, once_per_run,
                                      possible, real_chapters, scores, with_cell_edited, write_notebook)
 
@@ -81,7 +81,7 @@ def test_the_solutions_score_full_marks(solutions_graded):
 
 def test_the_learner_edition_scores_zero_on_every_graded_cell():
     # No time limit here (shared CI machines are noisy); `make grade` prints its own timing line.
-    result = subprocess.run([sys.executable, "-m", "engine.course.grade", "notebooks", "--json"],
+    result = subprocess.run([sys.executable, "-m", "engine.course.grading.grade", "notebooks", "--json"],
                             capture_output=True, text=True, cwd=REPO)
     report = json.loads(result.stdout)
     assert {c["chapter"] for c in report["chapters"]} == set(CHAPTERS)

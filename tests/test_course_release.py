@@ -5,8 +5,8 @@ import nbformat
 import pytest
 
 from engine.course import cells
-from engine.course.release import release
-from engine.course.source import load_chapter
+from engine.course.authoring.release import release
+from engine.course.authoring.source import load_chapter
 from fixtures.course_support import BUILD, REPO, real_chapters
 
 pytestmark = [pytest.mark.slow]

@@ -5,8 +5,8 @@ import textwrap
 import nbformat
 import pytest
 
-from engine.course.include import BEGIN, END, IncludeError, expand_cell
-from engine.course.source import load_chapter
+from engine.course.authoring.include import BEGIN, END, IncludeError, expand_cell
+from engine.course.authoring.source import load_chapter
 from fixtures.course_support import FIXTURE_CHAPTER, REPO, real_chapters
 
 MODULE = textwrap.dedent('''\

@@ -1,4 +1,4 @@
-"""engine/course/widgets.py without a browser: controls, the state cap, precomputed states, the HTML.
+"""engine/course/authoring/widgets.py without a browser: controls, the state cap, precomputed states, the HTML.
 
 (The browser tests move the controls: tests/test_course_browser.py in the book, test_lab_notebooks.py
 in JupyterLab.)
@@ -13,7 +13,7 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from engine.course import widgets  # noqa: E402
+from engine.course.authoring import widgets  # noqa: E402
 
 
 def draw(length=3, shape="bar"):
@@ -102,7 +102,7 @@ def test_states_without_a_picture_are_named_unless_the_explorer_draws_none():
 
 
 def test_small_text_lists_what_shows_too_small_on_a_desktop_and_on_a_phone():
-    from engine.course import figures
+    from engine.course.authoring import figures
 
     fig, ax = plt.subplots(figsize=(4, 2))
     ax.set_title("readable", fontsize=12)
@@ -120,7 +120,7 @@ def test_small_text_lists_what_shows_too_small_on_a_desktop_and_on_a_phone():
 
 
 def test_a_course_png_carries_its_smallest_text():
-    from engine.course import figures
+    from engine.course.authoring import figures
 
     fig, ax = plt.subplots(figsize=(3, 2))
     ax.set_title("eleven", fontsize=11)
@@ -135,7 +135,7 @@ def test_a_course_png_carries_its_smallest_text():
 def test_the_prefix_tree_explorer_shows_every_state_it_names():
     """Chapter 5's walk: a step that leaves the cache empty (the start, the last eviction) says so in
     its picture, and every step prints the free blocks it has (the picture matches the state)."""
-    from engine.course.figures import ch05
+    from engine.course.authoring.figures import ch05
 
     walk = ch05.prefix_tree_walk()
     for step in (0, len(walk) - 1):

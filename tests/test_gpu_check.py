@@ -69,7 +69,7 @@ def test_bad_parts_are_refused(capsys):
 def test_notebook_part_times_a_chapter_and_reports_its_first_error(tmp_path):
     """run_notebook (the course's run_chapters, which the notebooks part runs in its own process) on the
     fixture chapter (a second or two), as written and with a planted error."""
-    from engine.course.run_chapters import run_notebook
+    from engine.course.authoring.run_chapters import run_notebook
     from fixtures.course_support import FIXTURE_CHAPTER, REPO
     assert run_notebook(FIXTURE_CHAPTER, 60)["status"] == "ok"
     broken = tmp_path / "solutions" / "ch99_fixture.py"
@@ -81,7 +81,7 @@ def test_notebook_part_times_a_chapter_and_reports_its_first_error(tmp_path):
 
 
 def test_notebooks_part_reads_the_course_commands_json_and_chapters_are_listed(monkeypatch):
-    """The notebooks part runs engine.course.run_chapters in its own process and keeps its JSON; --chapters
+    """The notebooks part runs engine.course.authoring.run_chapters in its own process and keeps its JSON; --chapters
     is checked against the course's own listing."""
     names = gpu_check.chapter_names()
     assert names and all(name.startswith("ch") for name in names)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.course.grade import grade_directory, grade_notebook
+from engine.course.grading.grade import grade_directory, grade_notebook
 from fixtures.course_support import BUILD, REPO, expanded, with_cell_edited, write_notebook
 
 pytestmark = [pytest.mark.slow]

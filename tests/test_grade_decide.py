@@ -13,9 +13,10 @@ import textwrap
 
 import pytest
 
-from engine.course import exercises
-from engine.course.sealed import decide, likeness
-from engine.course.sealed.judge import _checked, _reference_tokens, copies_of_the_reference, CELL_REPLY, END_REPLY
+from engine.course.authoring import exercises
+from engine.course.grading.sealed import decide, likeness
+from engine.course.grading.sealed.judge import (_checked, _reference_tokens, copies_of_the_reference, CELL_REPLY,
+                                                END_REPLY)
 from fixtures.course_support import REPO, expanded
 from fixtures.sealed_styles import HONEST, RETYPED
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from engine.course.edition import build, taught
+from engine.course.authoring.edition import build, taught
 from fixtures.course_support import BUILD, REPO, build_lock, expanded, once_per_run, real_chapters, write_notebook
 
 pytestmark = [pytest.mark.slow]
@@ -56,7 +56,7 @@ def edition_texts(out) -> dict:
 
 def grade_in(edition, folder) -> dict:
     env = dict(os.environ, PYTHONPATH=str(edition))
-    result = subprocess.run([sys.executable, "-m", "engine.course.grade", str(folder), "--solutions", "course",
+    result = subprocess.run([sys.executable, "-m", "engine.course.grading.grade", str(folder), "--solutions", "course",
                              "--json"], capture_output=True, text=True, cwd=edition, env=env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -115,7 +115,7 @@ def test_the_release_names_the_same_triton_kernels_as_the_solutions():
     is read from the chapter's signatures, so a student edition, which has no solutions/, knows them too.
     It once read them from the solutions' include lines: the edition then had none, and ch06's solution
     pasted into its edition scored 5/20 (every kernel 'not from the cell's text')."""
-    from engine.course.exercises import plan_for
+    from engine.course.authoring.exercises import plan_for
     for chapter, path in CHAPTERS.items():
         release = REPO / "notebooks" / f"{path.stem}.ipynb"
         assert plan_for(release).kernels == plan_for(path).kernels, chapter
@@ -127,20 +127,20 @@ def test_edition_refuses_to_replace_a_folder_it_did_not_write(tmp_path):
     with pytest.raises(SystemExit, match="holds files this command did not write"):
         build(tmp_path, ["ch02"], [])
     assert (tmp_path / "mine.txt").read_text() == "an instructor's notes"
-    done = subprocess.run([sys.executable, "-m", "engine.course.edition", "--chapters", "ch02", "--out",
+    done = subprocess.run([sys.executable, "-m", "engine.course.authoring.edition", "--chapters", "ch02", "--out",
                            str(tmp_path)], capture_output=True, text=True, cwd=REPO)
     assert done.returncode != 0 and "name an empty or new folder" in done.stderr and (tmp_path / "mine.txt").exists()
-    done = subprocess.run([sys.executable, "-m", "engine.course.edition", "--chapters", "ch02", "--out",
+    done = subprocess.run([sys.executable, "-m", "engine.course.authoring.edition", "--chapters", "ch02", "--out",
                            str(tmp_path), "--force"], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 2 and "--force or not" in done.stderr and (tmp_path / "mine.txt").exists()
 
 
 def test_the_hubs_student_engine_keeps_only_the_unlocked_chapters_reference(tmp_path):
-    """engine/course/hub/student_engine.py: ch02 unlocked keeps its allocator, ch03's cache is stubbed;
+    """engine/course/classroom/hub/student_engine.py: ch02 unlocked keeps its allocator, ch03's cache is stubbed;
     unlocking a chapter not due yet is refused, naming its due date."""
     from datetime import datetime, timezone
 
-    from engine.course.hub import student_engine
+    from engine.course.classroom.hub import student_engine
     engine = student_engine.build(tmp_path / "student", ["ch02"])
     texts = {path.relative_to(engine).as_posix(): text for path, text in edition_texts(engine).items()}
     allocator, paged = texts["cache/allocator.py"], texts["cache/paged.py"]

@@ -9,10 +9,10 @@ import pytest
 
 import engine.checks.ch08  # noqa: F401 (its helper is among those the host finds)
 import engine.checks.compose as compose
-from engine.course import exercises
-from engine.course.grade import grade_notebook
-from engine.course.sealed import decide
-from engine.course.sealed.host import EngineHelpers
+from engine.course.authoring import exercises
+from engine.course.grading.grade import grade_notebook
+from engine.course.grading.sealed import decide
+from engine.course.grading.sealed.host import EngineHelpers
 from fixtures.course_support import BUILD, REPO, expanded, with_cell_edited, with_cells_added, write_notebook
 
 CH03 = REPO / "solutions" / "ch03_paged_cache.py"

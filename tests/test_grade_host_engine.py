@@ -1,10 +1,10 @@
 """The grader's host engine holds no implementation of a graded exercise under any name (issue 36).
 
 The host (the process that runs a notebook's cells under make grade and make autograde) imports its own
-copy of the engine (engine.course.edition.host_engine): the chapters before the graded one whole, the
+copy of the engine (engine.course.authoring.edition.host_engine): the chapters before the graded one whole, the
 taught bodies of it and of every later chapter stubbed, and of the checks only what the chapter's own
 cells use there (edition.host_checks): the checks run in the judge. Every function and method of every
-chapter's host engine is compared, by the copy detector (engine.course.sealed.likeness: structure, with
+chapter's host engine is compared, by the copy detector (engine.course.grading.sealed.likeness: structure, with
 names and words set aside), with each taught body of that chapter and the chapters after it; none may be
 one. The helper that computes Exercise 8.2's answer for the chapter's figures (ch08.kv_bytes_reference)
 is a table of the values those cells print, which refuses any other config.
@@ -19,8 +19,9 @@ import textwrap
 import pytest
 
 from engine.checks import ch08
-from engine.course import cells, edition, exercises
-from engine.course.sealed import likeness
+from engine.course import cells
+from engine.course.authoring import edition, exercises
+from engine.course.grading.sealed import likeness
 from fixtures.course_support import expanded, once_per_run, real_chapters
 
 CHAPTERS = {path.stem[:4]: path for path in real_chapters()}
@@ -127,7 +128,7 @@ def test_the_host_keeps_of_the_checks_only_what_the_chapters_cells_use(homes, ch
              "    text = str(getattr(getattr(value, '__code__', None), 'co_consts', ''))\n"
              f"    if value is None or {JUDGE_ONLY!r} in text:\n"
              "        bad.append((module, name))\n"
-             "from engine.course.sealed.host import EngineHelpers\n"
+             "from engine.course.grading.sealed.host import EngineHelpers\n"
              "import engine.checks.compose\n"
              "print(json.dumps({'bad': bad, 'helpers': sorted(map(list, EngineHelpers().table))}))\n")
     run = subprocess.run([sys.executable, "-c", probe, json.dumps(uses)], cwd=home, capture_output=True, text=True,
@@ -189,8 +190,8 @@ def test_chapter_8s_answer_through_the_hosts_modules_earns_nothing_and_own_work_
     fails it: 0. The solution and a learner's own version keep their 3 points."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from engine.course import sandbox
-    from engine.course.grade import grade_notebook, sandboxed_grade
+    from engine.course.grading import sandbox
+    from engine.course.grading.grade import grade_notebook, sandboxed_grade
     from fixtures.course_support import BUILD, stubbed, with_solution, write_notebook
     from fixtures.sealed_cases import CHECKS_UNSEEN_CH08
     grader = sandboxed_grade if sandbox.available()[0] else grade_notebook

@@ -1,21 +1,21 @@
 """A hostile host: the learner owns the process that runs the notebook, so every byte it sends may be wrong.
 
-The real judge and grader (engine.course.kernel.SealedKernel) are joined to a scripted host that answers
+The real judge and grader (engine.course.grading.kernel.SealedKernel) are joined to a scripted host that answers
 the first request of one kind with a wrong shape (extra names, wrong types, a flood, out of turn, never,
 forged exceptions, handles that do not exist) and every later request honestly. Each costs only the
 test it answered, runs nothing in the judge, and the next test, and the next notebook, start clean.
 """
 import sys
 
-from engine.course.kernel import SealedKernel
+from engine.course.grading.kernel import SealedKernel
 from fixtures.course_support import REPO
 
-# The host, scripted: the honest part answers as engine.course.sealed.host does (a plain namespace);
+# The host, scripted: the honest part answers as engine.course.grading.sealed.host does (a plain namespace);
 # every other test's `lookup` (for "fake_not_written", the call of `answer` after it) is the next scenario's.
 HOSTILE = r'''
 import json, socket, struct, sys, time
 sys.path.insert(0, REPO)
-from engine.course.sealed.remote import Channel
+from engine.course.grading.sealed.remote import Channel
 channel = Channel(socket.socket(fileno=int(sys.argv[2])), "L")
 plan = channel._receive()["plan"]
 namespace = {}
@@ -59,7 +59,8 @@ LOOKUP = {
     "frozen_object": lambda call, names: {"reply": call, "value": {"~": "dict", "v": [
         ["answer", {"~": "frozen", "c": ["builtins", "object"], "v": {}}]]}},
     "stopping_exception": lambda call, names: {"reply": call, "error": forged_error(
-        "engine.course.sealed.remote", "RemoteGone", [["builtins", "SystemExit"], ["builtins", "KeyboardInterrupt"]])},
+        "engine.course.grading.sealed.remote", "RemoteGone",
+        [["builtins", "SystemExit"], ["builtins", "KeyboardInterrupt"]])},
     "out_of_turn": lambda call, names: {"reply": call + 7, "value": None},
 }
 
@@ -120,7 +121,7 @@ SCENARIOS = {"extra_names": "names it did not ask for ('AssertionError', 'check'
 
 
 class HostileKernel(SealedKernel):
-    """The real grader and judge, with the scripted host in place of engine.course.sealed.host."""
+    """The real grader and judge, with the scripted host in place of engine.course.grading.sealed.host."""
 
     script = ""
 

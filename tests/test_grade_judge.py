@@ -1,4 +1,4 @@
-"""The judge and the host (engine.course.sealed): tests run where learner code cannot reach.
+"""The judge and the host (engine.course.grading.sealed): tests run where learner code cannot reach.
 
 The channel between them carries data only; the judge's objects show the host public attributes only;
 an object of the host compares equal only by its contents; writes into tensors reach their owner; and
@@ -10,8 +10,8 @@ import threading
 import pytest
 import torch
 
-from engine.course.sealed.judge import _engine_object, guard, needed_cells
-from engine.course.sealed.remote import Channel, Remote
+from engine.course.grading.sealed.judge import _engine_object, guard, needed_cells
+from engine.course.grading.sealed.remote import Channel, Remote
 
 
 class Cache:
@@ -121,7 +121,7 @@ def test_the_hosts_engine_has_no_reference_of_the_chapter(tmp_path):
     import subprocess
     import sys
 
-    from engine.course.edition import host_engine
+    from engine.course.authoring.edition import host_engine
     from engine.course.paths import repo_root
     home = host_engine(repo_root() / "solutions" / "ch02_block_tables.py")
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import engine, engine.cache.slots as s, "
@@ -148,7 +148,7 @@ def test_the_host_may_set_data_on_a_judges_object_but_never_its_methods():
 def test_an_exception_named_by_the_host_cannot_stop_the_judge(pair):
     judge, _, _ = pair
     for name in (("builtins", "SystemExit"), ("builtins", "KeyboardInterrupt"),
-                 ("engine.course.sealed.remote", "RemoteGone")):
+                 ("engine.course.grading.sealed.remote", "RemoteGone")):
         error = judge.decode({"~": "error", "c": list(name), "args": [], "message": "stop",
                               "mro": [list(name), ["builtins", "BaseException"]]})
         assert type(error).__name__ == "RemoteError" and str(error) == "stop"
@@ -209,7 +209,7 @@ def test_a_method_of_a_judges_object_crosses_as_the_object_and_its_name():
 
 def test_the_judge_refuses_to_run_a_body_the_hosts_engine_stubs_and_says_not_written_yet():
     from engine.cache.allocator import BlockAllocator
-    from engine.course.sealed import judge as judge_module
+    from engine.course.grading.sealed import judge as judge_module
     judge_end, host_end = socket.socketpair()
     judge = Channel(judge_end, "T")
     judge.guard, judge.screen, judge.call_guard = guard, _engine_object, judge_module.refuse_taught
@@ -243,7 +243,7 @@ def test_the_judge_refuses_to_run_a_body_the_hosts_engine_stubs_and_says_not_wri
 
 
 def test_not_written_yet_is_read_from_the_learners_text():
-    from engine.course.sealed.judge import _unwritten, defined_in_text
+    from engine.course.grading.sealed.judge import _unwritten, defined_in_text
     cells = ["class MyCache(PagedKVCache):\n    def swap_out(self, seq):\n        return 0\n"
              "    def swap_in(self, seq):\n        \"\"\"Bring it back.\"\"\"\n        raise NotImplementedError()\n",
              "def admit(x): pass\n"]
@@ -275,8 +275,8 @@ def test_a_method_reference_for_an_object_never_handed_out_is_refused(pair):
 def test_each_notebook_gets_a_fresh_fork_of_the_warm_judge(tmp_path):
     """Two notebooks graded one after the other: each by its own fork of the warm process, which ends
     with its notebook; the second does not see what the first defined."""
-    from engine.course.kernel import SealedKernel
-    from engine.course.sealed import warm
+    from engine.course.grading.kernel import SealedKernel
+    from engine.course.grading.sealed import warm
     plan = {"preimport": ["engine"], "graded": {}, "graded_by_cell": {}, "judge_cells": [], "references": []}
     seen = []
     for number in range(2):
@@ -292,7 +292,7 @@ def test_each_notebook_gets_a_fresh_fork_of_the_warm_judge(tmp_path):
 
 def test_every_binder_of_a_cell_counts_as_a_name_it_binds():
     """A chapter cell's `for b, w, e in ...` binds b, w and e (honest ch02 was flagged 'put back: b')."""
-    from engine.course.sealed.host import _names_bound
+    from engine.course.grading.sealed.host import _names_bound
     source = ("for b, w, e in rows:\n    y = 1\nwith open(f) as fh:\n    pass\ntry:\n    pass\nexcept E as err:\n"
               "    pass\nif (n := 3):\n    import a.b as c, d.e\ndef f(q=(z := 1)):\n    inner = 2\nclass K:\n"
               "    attr = 1\n[i for i in r]\nq[0] = 1\nobj.attr = 2\n")
@@ -302,7 +302,7 @@ def test_every_binder_of_a_cell_counts_as_a_name_it_binds():
 def test_a_scratch_cell_is_named_as_the_learner_sees_it():
     import nbformat
 
-    from engine.course.grade import cell_names
+    from engine.course.grading.grade import cell_names
     notebook = [nbformat.v4.new_markdown_cell("## 3.2 Reserve room\ntext"), nbformat.v4.new_code_cell("x = 1"),
                 nbformat.v4.new_code_cell("\nprint(dir(engine))  # look around"),
                 nbformat.v4.new_markdown_cell("plain")]

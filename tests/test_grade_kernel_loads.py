@@ -4,7 +4,7 @@ the host holds (issues 38 and 36).
 In the lab, chapter 6's decode checks watch the interpreter's loads, and a kernel that loads block-table
 entries past a row's last block fails with UNMASKED_TABLE, though its output is right (the loaded ids
 feed only masked K/V loads, so no poison in the table can reach the output: only the loads show it).
-Under the grader the kernel runs in the kernel process (engine.course.sealed.kernelbox): a check asks that
+Under the grader the kernel runs in the kernel process (engine.course.grading.sealed.kernelbox): a check asks that
 process for the bytes a launch loaded of the table, exactly that many bytes more in the reply, and decides
 from them. That report is the kernel process's word, so it can only fail a kernel: the reference passes.
 """
@@ -25,9 +25,9 @@ if attention_pkg.triton_installed():
     triton, tl = attention_pkg.triton_modules()  # TRITON_INTERPRET=1 without CUDA: the lab's own watch
     from engine.attention.triton_decode import as_kernel, paged_decode_head_program
     from engine.attention.triton_primer import gather_rows_program
-    from engine.course.kernel import kernel_argv
-    from engine.course.sealed import kernels
-    from engine.course.sealed.kernelbox import KernelBox, KernelProcessError, sandboxed_kernel
+    from engine.course.grading.kernel import kernel_argv
+    from engine.course.grading.sealed import kernels
+    from engine.course.grading.sealed.kernelbox import KernelBox, KernelProcessError, sandboxed_kernel
 
     DECODE = inspect.getsource(paged_decode_head_program)
     GATHER = inspect.getsource(gather_rows_program)
@@ -174,7 +174,7 @@ def test_a_check_never_asks_the_learners_object_about_its_loads():
 # ---- through the sealed grader: make grade and make autograde ----------------------------------------
 
 def _graded(tag: str, unmasked: bool, sandboxed: bool):
-    from engine.course.grade import grade_notebook, sandboxed_grade
+    from engine.course.grading.grade import grade_notebook, sandboxed_grade
     from fixtures.course_support import BUILD, REPO, expanded, with_solution, write_notebook
     chapter = REPO / "solutions" / "ch06_triton_decode.py"
     notebook = expanded(chapter)

@@ -1,6 +1,6 @@
 """Kernels from source, launched in a process of their own: the judge takes the learner's Triton kernel
 from the cell's text (a plain function in Triton's language, its globals only tl, triton and the cell's
-constants), never builds or runs it, and launches it in the kernel process (engine.course.sealed.kernelbox),
+constants), never builds or runs it, and launches it in the kernel process (engine.course.grading.sealed.kernelbox),
 which gets the text and the tensors as data and sends back the tensors' bytes. Whatever the host holds
 under the kernel's name is never launched, and the launcher takes only a function or a Triton kernel.
 """
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from engine.attention.triton_decode import as_kernel
-from engine.course.grade import grade_notebook, sandboxed_grade
-from engine.course.kernel import kernel_argv
-from engine.course.sealed import kernels
-from engine.course.sealed.kernelbox import KernelBox, KernelProcessError, sandboxed_kernel
+from engine.course.grading.grade import grade_notebook, sandboxed_grade
+from engine.course.grading.kernel import kernel_argv
+from engine.course.grading.sealed import kernels
+from engine.course.grading.sealed.kernelbox import KernelBox, KernelProcessError, sandboxed_kernel
 from fixtures.course_support import (BUILD, REPO, expanded, sandbox_or_skip, stubbed, with_cells_added,
                                      with_solution, write_notebook)
 from fixtures.sealed_cases import FAKE_JIT

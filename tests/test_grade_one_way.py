@@ -16,8 +16,8 @@ from engine.cache.allocator import BlockAllocator
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.checks import ch03, ch05, ch07, recording
-from engine.course.sealed.judge import _engine_object, guard
-from engine.course.sealed.remote import Channel, Remote
+from engine.course.grading.sealed.judge import _engine_object, guard
+from engine.course.grading.sealed.remote import Channel, Remote
 from engine.serve.scheduler import Scheduler
 from fixtures.check_support import hosted, passes
 

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from engine.course.sandbox import available
+from engine.course.grading.sandbox import available
 from fixtures.course_support import (FIXTURE_CHAPTER, FIXTURE_SOLUTIONS, REPO, expanded, sandbox_or_skip,
                                      with_cell_edited, write_notebook)
 
@@ -105,7 +105,7 @@ def endless_notebook(folder) -> None:
 def test_a_killed_make_grade_leaves_nothing_running(tmp_path):
     mark = uuid.uuid4().hex
     endless_notebook(tmp_path / "notebooks")
-    command = [sys.executable, "-m", "engine.course.grade", str(tmp_path / "notebooks"), "--solutions",
+    command = [sys.executable, "-m", "engine.course.grading.grade", str(tmp_path / "notebooks"), "--solutions",
                str(FIXTURE_SOLUTIONS), "--timeout", "300", "--jobs", "1"]
     before, left = kill_mid_cell(command, mark, tmp_path)
     lines = list(before.values())
@@ -120,7 +120,7 @@ def test_a_killed_make_grade_leaves_nothing_running(tmp_path):
 def test_a_killed_make_autograde_leaves_nothing_running(tmp_path):
     mark = uuid.uuid4().hex
     endless_notebook(tmp_path / "submissions" / "ada")
-    command = [sys.executable, "-m", "engine.course.autograde", str(tmp_path / "submissions"), "--course",
+    command = [sys.executable, "-m", "engine.course.grading.autograde", str(tmp_path / "submissions"), "--course",
                str(tmp_path / "course"), "--solutions", str(FIXTURE_SOLUTIONS), "--sandbox", "required",
                "--timeout", "300", "--jobs", "1"]
     before, left = kill_mid_cell(command, mark, tmp_path)
@@ -200,12 +200,12 @@ def test_the_judge_runs_apart_from_the_grader(tmp_path, grader):
     if grader == "make grade":
         endless_notebook(tmp_path / "notebooks")
         key = course_key(tmp_path)
-        command = [sys.executable, "-m", "engine.course.grade", str(tmp_path / "notebooks"), "--solutions",
+        command = [sys.executable, "-m", "engine.course.grading.grade", str(tmp_path / "notebooks"), "--solutions",
                    str(FIXTURE_SOLUTIONS), "--timeout", "300", "--jobs", "1"]
     else:
         endless_notebook(tmp_path / "submissions" / "ada")
         key = str(tmp_path / "course" / "instructor" / "result-key")     # made by autograde, 0600
-        command = [sys.executable, "-m", "engine.course.autograde", str(tmp_path / "submissions"), "--course",
+        command = [sys.executable, "-m", "engine.course.grading.autograde", str(tmp_path / "submissions"), "--course",
                    str(tmp_path / "course"), "--solutions", str(FIXTURE_SOLUTIONS), "--sandbox", "required",
                    "--timeout", "300", "--jobs", "1"]
     secrets = [key, str(FIXTURE_CHAPTER), str(REPO / "pyproject.toml")]
@@ -220,7 +220,7 @@ def test_the_judge_runs_apart_from_the_grader(tmp_path, grader):
 def test_a_judge_started_on_its_own_runs_apart_too(tmp_path):
     """The cold start (no warm process): the judge in its own sandbox, as the warm one's forks."""
     sandbox_or_skip()
-    from engine.course.kernel import SealedKernel
+    from engine.course.grading.kernel import SealedKernel
     key = course_key(tmp_path)
     plan = {"preimport": ["engine"], "graded": {}, "graded_by_cell": {}, "judge_cells": [], "references": []}
     mark = uuid.uuid4().hex

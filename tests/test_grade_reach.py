@@ -4,9 +4,9 @@ system, and nothing of the course: no repository, no editable-install finder on 
 chapter's host engine, no solutions, no .git, no bytecode of the reference.
 """
 
-from engine.course import grade
-from engine.course.grade import run_sealed
-from engine.course.sandbox import Sandbox
+from engine.course.grading import grade
+from engine.course.grading.grade import run_sealed
+from engine.course.grading.sandbox import Sandbox
 from fixtures.course_support import REPO, expanded, sandbox_or_skip, stubbed, with_cells_added
 from fixtures.sealed_reach import taught_lines, walked, walker
 
@@ -49,7 +49,7 @@ def test_a_host_cell_that_walks_everything_it_can_read_finds_no_taught_body(tmp_
 
 
 def test_make_grade_without_a_sandbox_says_its_scores_are_self_assessment(monkeypatch, capsys, tmp_path):
-    import engine.course.sandbox as sandbox
+    import engine.course.grading.sandbox as sandbox
     monkeypatch.setattr(sandbox, "available", lambda: (False, "bubblewrap is not installed (the `bwrap` command)"))
     seen = {}
     monkeypatch.setattr(grade, "grade_directory", lambda *a, **k: seen.update(k) or ([], []))
@@ -61,7 +61,7 @@ def test_make_grade_without_a_sandbox_says_its_scores_are_self_assessment(monkey
 
 
 def test_make_grade_runs_the_host_in_the_sandbox_where_there_is_one(monkeypatch, capsys, tmp_path):
-    import engine.course.sandbox as sandbox
+    import engine.course.grading.sandbox as sandbox
     monkeypatch.setattr(sandbox, "available", lambda: (True, ""))
     seen = {}
     monkeypatch.setattr(grade, "grade_directory", lambda *a, **k: seen.update(k) or ([], []))

@@ -9,8 +9,8 @@ milliseconds. The grader's CPU budget (host.cpu_limit) is seconds away, so it is
 """
 import pytest
 
-from engine.course.grade import grade_notebook
-from engine.course.source import load_chapter
+from engine.course.grading.grade import grade_notebook
+from engine.course.authoring.source import load_chapter
 from fixtures.course_support import FIXTURE_CHAPTER, with_cell_edited, write_notebook
 
 pytestmark = [pytest.mark.slow]

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.course import sandbox
-from engine.course.autograde import autograde
-from engine.course.sandbox import Limits
+from engine.course.grading import sandbox
+from engine.course.grading.autograde import autograde
+from engine.course.grading.sandbox import Limits
 from fixtures.course_support import (BUILD, REPO, SEALED_CHAPTER, once_per_run, sandbox_or_skip,
                                      with_cells_added, with_solution, write_notebook)
 from fixtures.sealed_cases import ALLOC, CASES, FULL, HOSTILE, SHARED, _solution
@@ -328,7 +328,7 @@ def test_a_python_installed_under_tmp_stays_visible_in_the_sandbox(monkeypatch, 
 def test_a_worker_that_cannot_start_says_why(tmp_path):
     # A wrapper that breaks Python (as a sandbox hiding the venv does): the message carries what
     # starting Python that way printed, not only a guess.
-    from engine.course.kernel import SealedKernel
+    from engine.course.grading.kernel import SealedKernel
 
     def broken(argv, cwd, **where):
         return ["sh", "-c", "echo 'python3: No module named engine' >&2; exit 3"]
@@ -397,11 +397,11 @@ def test_the_worker_memory_cannot_be_read_by_a_process_it_starts(tmp_path):
               "child = subprocess.run([sys.executable, '-I', '-c', f'open(\"/proc/{{os.getpid()}}/mem\", \"rb\")'],"
               " capture_output=True, text=True)\n"
               "print('denied' if 'PermissionError' in child.stderr else 'read', child.returncode)\n")
-    from engine.course.kernel import private_copy
+    from engine.course.grading.kernel import private_copy
     copy = private_copy(str(REPO))           # the host's own engine, as the grader binds it
     try:
         sealed = run_in_bare_sandbox(tmp_path, reader.format(
-            mark=f"sys.path.insert(0, {copy!r}); from engine.course.sealed.host import not_dumpable; "
+            mark=f"sys.path.insert(0, {copy!r}); from engine.course.grading.sealed.host import not_dumpable; "
                  "assert not_dumpable()"), readable=[Path(copy)])
     finally:
         shutil.rmtree(copy, ignore_errors=True)

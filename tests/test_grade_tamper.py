@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine.course import sandbox
-from engine.course.grade import grade_notebook, sandboxed_grade
+from engine.course.grading import sandbox
+from engine.course.grading.grade import grade_notebook, sandboxed_grade
 from fixtures.course_support import BUILD, SEALED_CHAPTER, once_per_run, write_notebook
 from fixtures.sealed_cases import CASES, NEEDS_SANDBOX, OWN, SLOT
 
@@ -113,5 +113,5 @@ def test_memory_and_helper_probes_are_refused_and_flagged(graded):
     ("/proc/./thread-self/environ", True), (b"/proc/1/mem", True), ("/proc/12345", True),
     ("/proc/cpuinfo", False), ("/procedure/self/mem", False), ("/tmp/proc/self/mem", False), (3, False)])
 def test_every_spelling_of_a_process_folder_is_seen(path, inside):
-    from engine.course.sealed.host import process_path
+    from engine.course.grading.sealed.host import process_path
     assert process_path(path) is inside

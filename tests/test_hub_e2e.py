@@ -1,6 +1,6 @@
 """The instructor's path for real: a JupyterHub class through nbgrader's exchange, in a browser.
 
-Real local accounts (an instructor and three students, made from a roster by engine/course/hub/
+Real local accounts (an instructor and three students, made from a roster by engine/course/classroom/hub/
 accounts.py and removed afterwards), JupyterHub from the shared course install (make hub-setup) with
 configurable-http-proxy from npm, on 127.0.0.1 only, logging in with a test password (JupyterHub's
 dummy authenticator; the accounts, their homes and their servers are real). The instructor prepares
@@ -8,7 +8,7 @@ the course from the roster and releases ch02 through the exchange; in headless C
 logs in, fetches ch02 in JupyterLab's Assignments panel, saves their work through their own server
 (the solution, the solution with a planted bug, or nothing) and submits it there. The instructor, in
 their own account, collects, grades in the sandbox, gives feedback and releases it
-(engine/course/class_folder.py grade --release); a student fetches the feedback in the panel and opens
+(engine/course/classroom/class_folder.py grade --release); a student fetches the feedback in the panel and opens
 it; grades.csv is checked. Formgrader answers the instructor only. Each step's time is printed and
 written to build/test-course/hub-e2e-times.json.
 
@@ -52,7 +52,7 @@ FORK_BOMB = ("import os\ntry:\n    while True:\n        os.fork()\n"
 MEMORY_HOG = "hog = b'x' * (12 << 30)\n"
 BARE = '''"""A fork bomb and a memory hog in the bare sandbox, as whoever runs this."""
 import pathlib, subprocess, sys, tempfile
-from engine.course.sandbox import Limits, Sandbox, limits_note
+from engine.course.grading.sandbox import Limits, Sandbox, limits_note
 BOMB = """import os, time
 n = 0
 try:
@@ -104,7 +104,8 @@ def need_hub() -> None:
                     "make hub-setup")
     if differs(sorted((REPO / "engine").rglob("*.py")) + sorted((REPO / "solutions").glob("*.py"))):
         # the course's files only (installed editable): what `make hub-setup` would copy, in a second
-        subprocess.run(["bash", str(REPO / "engine" / "course" / "hub" / "setup.sh"), "--sources"], check=True,
+        setup = REPO / "engine" / "course" / "classroom" / "hub" / "setup.sh"
+        subprocess.run(["bash", str(setup), "--sources"], check=True,
                        capture_output=True, env={**os.environ, "HUB_PREFIX": str(PREFIX)})
     sandbox_or_skip()
 
@@ -165,7 +166,8 @@ def spoil(exchange: Path) -> dict[str, str]:
 
 
 def accounts(roster: Path, *flags: str) -> None:
-    subprocess.run([str(PREFIX / "bin" / "python"), "-m", "engine.course.hub.accounts", "--roster", str(roster),
+    subprocess.run([str(PREFIX / "bin" / "python"), "-m", "engine.course.classroom.hub.accounts",
+                    "--roster", str(roster),
                     *flags], check=True, capture_output=True, text=True)
 
 
@@ -252,7 +254,7 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
         step("accounts")
         course = f"/home/{INSTRUCTOR}/course"
         # the guide's steps in the instructor's login shell (the install's commands on PATH)
-        status, said = attempt(INSTRUCTOR, f"python -m engine.course.class_folder prepare --roster {roster} "
+        status, said = attempt(INSTRUCTOR, f"python -m engine.course.classroom.class_folder prepare --roster {roster} "
                                f"--course {course} --exchange {exchange} --sandbox required")
         assert status == 0 and f"{HOSTILE}" in said and "ch02 due 2099-01-01 00:00 UTC" in said, said
         assert "only from the account it names: yes" in said, said
@@ -261,7 +263,8 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
                                f"{PREFIX}/src/solutions/ch02_block_tables.py")
         assert status == 0 and "Released as" in said, said
         refusals["unlock ch02 before its due date"] = refused(
-            INSTRUCTOR, f"python -m engine.course.hub.student_engine --unlock ch02 --course {course}", "not due yet")
+            INSTRUCTOR, f"python -m engine.course.classroom.hub.student_engine --unlock ch02 --course {course}",
+            "not due yet")
         step("instructor: release ch02")
 
         refusals.update(spoil(exchange))
@@ -282,7 +285,8 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
                "HUB_DUMMY_PASSWORD": PASSWORD, "LANG": "C.UTF-8"}
         log = (root / "hub.log").open("w")
         hub = subprocess.Popen([str(PREFIX / "bin" / "jupyterhub"), "-f",
-                                str(PREFIX / "src" / "engine" / "course" / "hub" / "jupyterhub_config.py")],
+                                str(PREFIX / "src" / "engine" / "course" / "classroom" / "hub" /
+                                    "jupyterhub_config.py")],
                                cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(f"{base}/hub/login", 60)
         step("hub up")
@@ -326,7 +330,8 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
                 page.locator("#submitted_assignments_list .list_item").first.wait_for(timeout=60_000)
                 step(f"{name}: fetch, edit ({work}), submit")
 
-            status, progress = attempt(INSTRUCTOR, f"python -m engine.course.class_folder grade ch02 --course {course} "
+            status, progress = attempt(INSTRUCTOR, "python -m engine.course.classroom.class_folder grade ch02 "
+                                       f"--course {course} "
                                        "--jobs 2 --sandbox required --release")
             assert status == 0, progress
             step("instructor: collect, autograde (sandbox), feedback, reports, release feedback")

@@ -20,7 +20,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_the_engine_keeps_its_layers_and_has_no_import_circle():
     done = lint_imports(REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "2 kept, 0 broken" in done.stdout
+    assert "3 kept, 0 broken" in done.stdout
 
 
 def planted(tmp_path: Path, plants: dict[str, str]) -> subprocess.CompletedProcess:
@@ -39,6 +39,16 @@ def test_a_planted_import_from_the_runtime_into_the_course_breaks_the_layers(tmp
     assert done.returncode != 0
     assert "engine.model -> engine.course.paths" in done.stdout, done.stdout[-3000:]
     assert "engine layers: runtime < checks, tools (independent) < course < __main__ BROKEN" in done.stdout
+
+
+def test_a_planted_import_from_authoring_into_grading_breaks_the_course_layers(tmp_path):
+    """The course's three products: what makes the chapters and the book (authoring) never imports the
+    grader, nor the grader the class."""
+    done = planted(tmp_path, {"course/authoring/release.py": "engine.course.grading.sandbox",
+                              "course/grading/grade.py": "engine.course.classroom.reports"})
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "engine.course.authoring.release -> engine.course.grading.sandbox" in done.stdout, done.stdout[-3000:]
+    assert "engine.course.grading.grade -> engine.course.classroom.reports" in done.stdout, done.stdout[-3000:]
 
 
 def test_a_planted_import_from_the_checks_into_the_tools_breaks_the_layers(tmp_path):

@@ -1,6 +1,6 @@
 """A chapter's locked cells run on the engine a learner of that chapter has: no later chapter's reference.
 
-Chapter k is run on the grader's host engine for chapter k (engine/course/edition.py's host_engine: the
+Chapter k is run on the grader's host engine for chapter k (engine/course/authoring/edition.py's host_engine: the
 chapters before it whole, the taught bodies of chapter k and of every later chapter stubs that call the
 notebook's own definitions, of the checks only what the chapter's own cells use). A student edition that
 hands out chapter k has the same taught bodies.
@@ -24,9 +24,9 @@ import nbformat
 import pytest
 
 from engine.course import cells
-from engine.course.edition import JUDGE_ONLY, host_engine, write_engine
+from engine.course.authoring.edition import JUDGE_ONLY, host_engine, write_engine
 from engine.course.paths import assignment_id, offline_cpu_environ
-from engine.course.source import load_chapter
+from engine.course.authoring.source import load_chapter
 from fixtures.course_support import REPO, real_chapters
 
 pytestmark = [pytest.mark.slow]

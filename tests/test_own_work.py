@@ -11,8 +11,8 @@ from engine.cache.static import StaticKVCache as Reference
 from engine.checks import CheckFailed, ch01, ch02, own_work
 from engine.checks.ch08 import kv_bytes_reference
 from engine.config import kv_bytes_per_token as reference_kv_bytes
-from engine.course.grade import grade_notebook
-from engine.course.source import load_chapter
+from engine.course.grading.grade import grade_notebook
+from engine.course.authoring.source import load_chapter
 from fixtures.course_support import REPO, with_cell_edited, write_notebook
 
 

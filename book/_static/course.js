@@ -153,7 +153,7 @@
     }, Promise.resolve()).then(boxWideInlineMath);
   }
 
-  /* window.courseMathReady: settles once every formula is typeset and fitted (engine/course/book.py
+  /* window.courseMathReady: settles once every formula is typeset and fitted (engine/course/authoring/book.py
    * waits for it before it prints or measures). */
   var fitting = Promise.resolve();
   function refit() {

@@ -51,7 +51,7 @@ def launch(fn, *args, **kwargs):
     Triton's interpreter wraps an exception raised inside a kernel in an InterpreterError, and the
     compiler refuses a `raise` outright; either way the learner should read "not implemented yet".
     Under the grader the checks get the judge's own kernel (built from the cell's text and launched in
-    the kernel process, engine.course.sealed.kernelbox); an object of the notebook's process is never
+    the kernel process, engine.course.grading.sealed.kernelbox); an object of the notebook's process is never
     launched, nor handed a launch to run where it lives: the check fails (NOT_FROM_TEXT).
     """
     if any(hasattr(type(value), "call_there") for value in (*args, *kwargs.values())):
@@ -399,7 +399,7 @@ def _table_reads_past_rows(kernel, table: torch.Tensor, case: dict):
     """Around one launch in Triton's interpreter: yields a list that holds, once the launch is over, the
     (row, column) of each block-table entry the kernel loaded (mask on) past its row's last block, in
     row order. The kernel's loads are watched where it runs: here, or in the grader's kernel process
-    (its `loads_of`, which reports the bytes it loaded; engine.course.sealed.kernelbox). A compiled
+    (its `loads_of`, which reports the bytes it loaded; engine.course.grading.sealed.kernelbox). A compiled
     launch is not watched (the list stays empty)."""
     past: list[tuple[int, int]] = []
     counts = torch.tensor(_blocks_per_row(case))

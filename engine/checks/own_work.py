@@ -24,7 +24,7 @@ from pathlib import Path
 CHECKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 ROOT = Path(__file__).resolve().parents[2]
 # {chapter id: [[engine file, qualname], ...]}: what each chapter teaches, written by `make release`
-# (engine/course/release.py) so that the checks read it without importing the course
+# (engine/course/authoring/release.py) so that the checks read it without importing the course
 TAUGHT_FILE = ROOT / "notebooks" / ".taught.json"
 
 

@@ -1,11 +1,14 @@
-"""The course tooling: one chapter source in `solutions/`, four products.
+"""The course tooling: one chapter source in `solutions/`, three products, each a folder.
 
-    source.py    load_chapter: jupytext read + `#| include` expansion (include.py)
-    lint.py      the nbgrader metadata rules every chapter must follow
-    release.py   `make release`   -> notebooks/ (learner edition, via nbgrader generate_assignment)
-    grade.py     `make grade`     -> score table (kernel.py runs cells and survives crashes)
-    autograde.py `make autograde` -> an nbgrader course dir: feedback HTML and grades.csv
-    cluster.py   `make autograde CLUSTER=tcp://host:8786`: each submission one task on a Dask cluster
-    cluster_task.py  one submission's sealed run, wherever it lands (the local pool or a worker)
-    book.py      `make book`      -> book/_build/html (executed with the solution, shown with stubs)
+    authoring/   the chapters and what is made of them: source.py (jupytext + `#| include`), lint.py,
+                 exercises.py (what a chapter grades), release.py (`make release` -> notebooks/),
+                 edition.py (`make student-edition`), book.py (`make book`), figures/, widgets.py
+    grading/     `make grade` (grade.py) and `make autograde` (autograde.py, its nbgrader step
+                 autograde_step.py), on a Dask cluster (cluster.py, cluster_task.py); each notebook run by
+                 the sealed grader (kernel.py, sealed/) in a sandbox (sandbox.py)
+    classroom/   a class: class_folder.py (roster, collect, grade, release feedback), inbound.py,
+                 reports.py, export.py, hub/ (JupyterHub)
+
+Shared below all three: cells.py (what an nbgrader cell is), paths.py, write_guard.py. Authoring imports
+neither of the others, grading imports authoring, the classroom both (pyproject's import-linter contract).
 """

@@ -11,6 +11,8 @@ BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 # starts **With your code** (in the markdown cell just before it); on a stub such a cell raises.
 YOUR_CODE_HEADING = re.compile(r"(?:\A|\n[ \t]*\n)[ \t]*\*\*With your code\b")
 RAISES_TAG = "raises-exception"  # JupyterLab's Run All goes on past an error in a cell tagged so
+TRUSTED_PREFIX = "<trusted "     # the file name of every chapter cell the sealed grader compiles
+LEARNER_PREFIX = "<learner "     # ... and of every learner cell
 
 
 def meta(cell) -> dict:
@@ -126,6 +128,14 @@ def solution_text(cell) -> list[str]:
 # graded as that code, run once. Every other magic, and `!cmd`, holds no Python of the notebook's.
 CODE_MAGICS = {"time", "timeit", "prun", "capture"}
 _MAGIC_OPTIONS = re.compile(r"\A\s*(?:-(?:[nrp]\s*\d+|[a-zA-Z])\s+)*")   # %timeit -n 10 -r 3 -o ...
+
+
+def parse(source: str) -> ast.Module | None:
+    """A cell's syntax tree, IPython's syntax read as the code it holds; None when it is not Python."""
+    try:
+        return ast.parse(python_source(source))
+    except (SyntaxError, ValueError):
+        return None
 
 
 def python_source(source: str) -> str:

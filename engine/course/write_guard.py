@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engine.tools.cli_args import unmakeable_parent
 
-from .paths import repo_root
+from engine.course.paths import repo_root
 
 SOURCES = ("engine", "solutions", "notebooks", "book", "tests", ".git")
 

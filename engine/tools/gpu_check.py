@@ -148,8 +148,8 @@ def engine_bench(timeout: float, device: str = "cuda", model_config: str | None 
 
 def notebooks(timeout: float, chapters: list[str] | None = None) -> dict:
     """Every chapter's full solution, executed on this machine's GPU (the course's command
-    engine/course/run_chapters.py, in its own process); seconds each, the first error if any."""
-    argv = [sys.executable, "-m", "engine.course.run_chapters", "--timeout", str(int(timeout)),
+    engine/course/authoring/run_chapters.py, in its own process); seconds each, the first error if any."""
+    argv = [sys.executable, "-m", "engine.course.authoring.run_chapters", "--timeout", str(int(timeout)),
             *(["--chapters", ",".join(chapters)] if chapters else [])]
     status, out, err, seconds = run_command(argv, timeout * 50)      # timeout is per cell
     report = next((line for line in reversed(json_lines(out)) if "chapters" in line), None)
@@ -159,9 +159,9 @@ def notebooks(timeout: float, chapters: list[str] | None = None) -> dict:
 
 
 def chapter_names() -> list[str]:
-    """The chapters' names, from the course's own listing (engine/course/run_chapters.py --list); [] when
+    """The chapters' names, from the course's own listing (engine/course/authoring/run_chapters.py --list); [] when
     it cannot list them."""
-    status, out, _, _ = run_command([sys.executable, "-m", "engine.course.run_chapters", "--list"], 120)
+    status, out, _, _ = run_command([sys.executable, "-m", "engine.course.authoring.run_chapters", "--list"], 120)
     return json.loads(out) if status == 0 else []
 
 

@@ -1,0 +1,461 @@
+"""The host: the process that runs a notebook's cells and holds the learner's objects for the judge.
+
+`make grade` and nbgrader's autograde (through engine.course.grading.autograde_step.SealedExecute) run a
+learner's notebook in two processes (engine.course.grading.kernel.SealedKernel). This one, the host, runs every
+cell (in the sandbox: engine.course.grading.sandbox) and answers the requests of the judge
+(engine.course.grading.sealed.judge), which runs the graded tests on the grader's own engine, decides from the
+cells' text what may count, and signs the verdicts. The host holds no key and decides nothing: what it
+can do to a score is answer the checks' questions. It imports its own copy of the chapter's host engine
+(engine.course.authoring.edition.host_engine), whose taught bodies are stubs and whose checks hold only what the
+chapter's own cells use (edition.host_checks), on a path with nothing else of the course
+(engine.course.grading.kernel.host_argv).
+
+What it still does beside running cells:
+
+- **Refusals.** An audit hook, installed first, refuses what learner code could use to probe a grader
+  it shares a machine with (the judge's memory holds the key): frame and garbage-collector
+  introspection, ctypes, tracing hooks, building code objects, /proc, starting programs. What it
+  refused is reported, for the instructor.
+- **CPU time.** A cell, and the host's answers during a test, may use the CPU seconds the judge grants
+  (cpu_limit): a busy machine slows them down without making them need more.
+- **The chapter's names.** Before each test the names the chapter's cells bound are bound again.
+"""
+from __future__ import annotations
+
+import builtins
+import io
+import os
+import re
+import signal
+import sys
+import sysconfig
+import threading
+import traceback
+import types
+
+from engine.course.cells import LEARNER_PREFIX, TRUSTED_PREFIX
+
+ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))) + os.sep
+MAX_STREAM_CHARS = 50_000        # per cell and stream: a flood of prints is cut, not shipped
+
+# Events refused when the first frame above them that is neither library nor engine code is learner code.
+BLOCKED_EVENTS = {
+    "gc.get_objects": "walk the garbage collector's objects",
+    "gc.get_referrers": "walk the garbage collector's objects",
+    "gc.get_referents": "walk the garbage collector's objects",
+    "sys._current_frames": "inspect other frames",
+    "sys._getframe": "inspect frames",
+    "sys.settrace": "install a tracing hook",
+    "sys.setprofile": "install a profiling hook",
+    "code.__new__": "build code objects",
+    "function.__new__": "build functions from code objects",
+    "marshal.loads": "load raw bytecode",
+    "marshal.load": "load raw bytecode",
+}
+BLOCKED_PREFIXES = ("ctypes.", "_ctypes")
+FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"}
+FUNCTION_ATTRIBUTES = {"__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__"}
+# /proc itself and every process's folder in it (memory, maps, fds, environment), however the path is
+# spelled: `/proc//self/mem`, `..`, a relative path after chdir, a symbolic link.
+PROC_PROCESS = re.compile(r"^/proc(/+(self|thread-self|\d+)(/.*)?)?/*$")
+# Starting another program: it would run outside this worker's audit hook (and could read its memory).
+PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                  "os.forkpty", "pty.spawn", "os.startfile")
+PATH_EVENTS = ("open", "os.listdir", "os.scandir", "os.chdir", "os.symlink", "os.link", "shutil.copyfile",
+               "os.truncate", "os.rename")
+
+
+def process_path(path) -> bool:
+    """Whether `path` (str, bytes or path-like; relative to the cwd) names /proc or a process's folder
+    in it, before or after resolving `.`, `..`, repeated slashes and symbolic links."""
+    try:
+        text = os.fsdecode(os.fspath(path))
+    except TypeError:
+        return False                       # a file descriptor: opened already, by a path checked then
+    absolute = text if text.startswith("/") else os.path.join(os.getcwd(), text)
+    spellings = (absolute, os.path.normpath(absolute), os.path.realpath(absolute))
+    return any(PROC_PROCESS.match(spelling) for spelling in spellings)
+def _library_prefixes() -> tuple[str, ...]:
+    paths = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        for scheme_vars in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
+            try:
+                paths.add(os.path.realpath(sysconfig.get_path(key, vars=scheme_vars or None)))
+                paths.add(sysconfig.get_path(key, vars=scheme_vars or None))
+            except (KeyError, TypeError):
+                pass
+    for path in sys.path:
+        if path and ("site-packages" in path or "dist-packages" in path or path.startswith(sys.base_prefix)):
+            paths.add(path)
+    return tuple(sorted(p.rstrip(os.sep) + os.sep for p in paths if p and p not in ("/", ENGINE_DIR)))
+
+
+def kind_of(filename: str, libraries: tuple[str, ...]) -> str:
+    """trusted (a chapter cell), engine (engine/, the grader included), library, or learner."""
+    if filename.startswith(TRUSTED_PREFIX):
+        return "trusted"
+    if filename.startswith(ENGINE_DIR):
+        return "engine"
+    if filename.startswith(libraries) or filename.startswith("<frozen"):
+        return "library"
+    return "learner"
+
+
+# ----------------------------------------------------------------------------- running cells
+
+class _Capture(io.TextIOBase):
+    """A stream that keeps what is written (up to MAX_STREAM_CHARS)."""
+
+    def __init__(self):
+        self.parts, self.size = [], 0
+
+    def write(self, text):
+        text = str.__str__(text) if isinstance(text, str) else str(text)
+        if self.size < MAX_STREAM_CHARS:
+            self.parts.append(text[:MAX_STREAM_CHARS - self.size])
+            self.size += len(text)
+        return len(text)
+
+    def writable(self):
+        return True
+
+    def text(self) -> str:
+        value = "".join(self.parts)
+        return value + ("\n[... output cut ...]\n" if self.size > MAX_STREAM_CHARS else "")
+
+
+def _stream_outputs(out: _Capture, err: _Capture) -> list[dict]:
+    """A cell's printed text as notebook stream outputs (nothing for a stream it did not write to)."""
+    return [{"output_type": "stream", "name": name, "text": capture.text()}
+            for name, capture in (("stdout", out), ("stderr", err)) if capture.text()]
+
+
+class EngineHelpers:
+    """The checks' helpers that run where the learner's objects live (engine.checks.where_it_lives: what
+    host_checks keeps of the checks in the host besides what the chapter's cells use), as
+    they were when the host started, before any learner cell ran: what `call_engine` runs, whatever a
+    cell rebinds later. Before each call the globals of the checks' modules are put back as they were
+    then (a name added since is removed, a submodule excepted), so a helper reads its own module's
+    functions (fail, CheckFailed, its private helpers) and the builtins."""
+
+    def __init__(self):
+        self.table: dict = {}
+        self.modules: dict = {}          # module -> its namespace's entries at the start
+        try:
+            import engine.checks
+            marker = engine.checks.where_it_lives(lambda: None).__code__
+        except Exception:  # a host engine without checks: no helper to run
+            return
+        for name, module in list(sys.modules.items()):
+            if module is None or not (name == "engine.checks" or name.startswith("engine.checks.")):
+                continue
+            entries = dict(vars(module))
+            self.modules[module] = entries
+            for value in entries.values():
+                if isinstance(value, types.FunctionType) and value.__code__ is marker and value.__module__ == name:
+                    self.table[(name, value.__qualname__)] = value
+
+    def call(self, module_name: str, qualname: str, args, kwargs):
+        helper = self.table.get((module_name, qualname))
+        if helper is None:
+            raise PermissionError(f"{module_name}.{qualname} is not a helper of the checks the host had at its start")
+        for module, entries in self.modules.items():
+            namespace = vars(module)
+            for key, value in entries.items():
+                if namespace.get(key, entries) is not value:
+                    namespace[key] = value
+            for added in [k for k, v in namespace.items() if k not in entries and not isinstance(v, types.ModuleType)]:
+                del namespace[added]          # a name added later would shadow a builtin the helper reads
+        return helper(*args, **kwargs)
+
+
+def named(module_name: str, qualname: str):
+    """The object `qualname` (a function, class or Class.method) of a module, imported if need be."""
+    target = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _error_output(exc: BaseException) -> dict:
+    try:
+        ename = type(exc).__name__
+        evalue = str(exc)
+        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    except BaseException as broken:  # an exception whose __str__ misbehaves
+        ename, evalue, lines = type(exc).__name__, f"(its message could not be shown: {type(broken).__name__})", []
+    return {"output_type": "error", "ename": str.__str__(ename)[:200], "evalue": _cut(str.__str__(evalue)),
+            "traceback": [_cut(str.__str__(line), MAX_LINE_CHARS) for line in lines][-12:]}
+
+
+MAX_LINE_CHARS = 4_000           # a traceback line (it quotes values)
+
+
+def _cut(text: str, limit: int = MAX_STREAM_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit:,} more characters cut]"
+
+
+def _names_bound(source: str) -> set[str]:
+    """The names a cell binds in the notebook's namespace: assignments (of every kind: `for` and `with`
+    targets, `except ... as`, `:=`, `del`), imports, defs and classes, inside `if`, `for`, `while`,
+    `with` and `try` too; not what a def, class, lambda or comprehension binds for itself."""
+    import ast
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            todo += node.decorator_list      # what a def's decorators and defaults bind is the cell's
+            if not isinstance(node, ast.ClassDef):
+                todo += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
+            continue
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        todo += list(ast.iter_child_nodes(node))
+    return names
+
+
+def _names_read(source: str) -> set[str]:
+    import ast
+    try:
+        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
+
+
+def not_dumpable() -> bool:
+    """Mark this process not dumpable (Linux prctl), before any learner code runs: no other process of
+    the same user (a child it starts included) may then read its memory through /proc/<pid>/mem or
+    ptrace, so the key cannot be read from outside. False where the system offers no prctl."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0 and libc.prctl(3, 0, 0, 0, 0) == 0   # SET / GET_DUMPABLE
+    except (OSError, AttributeError):
+        return False
+
+
+def _audit_hook(state: dict, libraries: tuple):
+    """The hook that refuses, when the first frame above the event that is neither library nor engine
+    code is learner code, what BLOCKED_EVENTS and the path, process and compile rules name."""
+    guard = [False]
+
+    def audit_hook(event, args, _libs=libraries, _kind=kind_of, _blocked=BLOCKED_EVENTS,
+                   _harness=os.path.abspath(__file__)):
+        reason, refusal = _refused(event, args, _blocked)
+        if reason is None or guard[0]:
+            return
+        if reason == "":
+            raise RuntimeError("graded code may not add audit hooks")
+        if event == "compile" and len(args) > 1 and not args[1].startswith("<"):
+            event = "marshal.compile"      # an import compiling a library file is fine: only direct calls
+        guard[0] = True
+        try:
+            frame = sys._getframe(1)
+            immediate = True
+            while frame is not None:
+                kind = _kind(frame.f_code.co_filename, _libs)
+                # A chapter cell's function does not vouch for its caller: the walk goes on to the grader.
+                if kind == "learner":
+                    # Loading bytecode or setting a function's code: only learner code doing it itself
+                    # (the standard library's namedtuple sets its functions' defaults).
+                    if (event.startswith("marshal.") or event == "object.__setattr__") and not immediate:
+                        return
+                    state["events"].append(reason)
+                    raise refusal(f"graded code may not {reason} (the grader refused {event})")
+                if kind == "engine" and frame.f_code.co_filename == _harness:
+                    return  # the grader's own code (learner code it runs sits above it on the stack)
+                immediate = False
+                frame = frame.f_back
+        finally:
+            guard[0] = False
+    return audit_hook
+
+
+def _refused(event: str, args: tuple, blocked: dict):
+    """(why an event is refused, the exception to raise), (None, None) when it is not, ("", ...) for
+    another audit hook."""
+    reason = blocked.get(event)
+    if reason is not None:
+        return reason, ValueError
+    if event.startswith(BLOCKED_PREFIXES):
+        return "use ctypes", ValueError
+    if event == "sys.addaudithook":
+        return "", RuntimeError
+    if event == "object.__getattr__" and args[1] in FRAME_ATTRIBUTES:
+        return "inspect frames", ValueError
+    if event == "object.__setattr__" and args[1] in FUNCTION_ATTRIBUTES:
+        return f"replace a function's {args[1]}", ValueError
+    if event in PATH_EVENTS and any(process_path(arg) for arg in args[:2]
+                                    if isinstance(arg, (str, bytes, os.PathLike))):
+        return "read the process's memory or files in /proc", PermissionError
+    if event.startswith(PROCESS_EVENTS):
+        return "start another program", PermissionError   # an OSError: libraries that try a tool handle it
+    if event == "compile" and len(args) > 1 and isinstance(args[1], str) and not (
+            args[1].startswith("<") and not args[1].startswith((TRUSTED_PREFIX, LEARNER_PREFIX, "<frozen"))):
+        return f"compile code under the file name {args[1]!r}", ValueError
+    return None, None
+
+
+def _prepare(plan: dict) -> None:
+    """What the chapter's cells need, imported before any learner code runs (and recorded after)."""
+    if plan.get("mpl_agg", True):
+        os.environ.setdefault("MPLBACKEND", "Agg")
+    import warnings
+    warnings.filterwarnings("ignore", message=".*non-interactive.*")
+    warnings.filterwarnings("ignore", message=".*FigureCanvasAgg.*")
+    for module in plan.get("preimport", []):
+        try:
+            __import__(module)
+        except Exception:  # a broken import fails later, in its cell, with its own message
+            pass
+
+
+class Host:
+    """The notebook's namespace and what the judge asks of it: cells, names, and a test's start and end."""
+
+    def __init__(self, libraries: tuple, state: dict, graded: set[str]):
+        self.libraries, self.state, self.graded = libraries, state, graded
+        main_module = types.ModuleType("__main__")  # the notebook's namespace, as in a kernel
+        self.namespace = main_module.__dict__
+        self.namespace["__builtins__"] = builtins
+        sys.modules["__main__"] = main_module
+        self.trusted_bindings: dict = {}            # what the chapter's cells bound, put back before a test
+        self.pid = os.getpid()
+        self.helpers = EngineHelpers()               # taken now: no learner cell has run yet
+
+    def run_cell(self, source: str, kind: str, name: str, cpu: float | None = None) -> dict:
+        """A learner's or a chapter's cell, in the notebook's namespace (at most `cpu` seconds of this
+        process's CPU time): its outputs and status."""
+        filename = f"{TRUSTED_PREFIX if kind == 'trusted' else LEARNER_PREFIX}{name}>"
+        out, err = _Capture(), _Capture()
+        status, error = "ok", None
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = out, err
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            code = compile(source, filename, "exec")     # parsed before the CPU timer is armed
+            cpu_limit(cpu)
+            try:
+                exec(code, self.namespace)
+            finally:
+                cpu_limit(None)       # before the error is formatted (3.11's traceback parses source)
+        except KeyboardInterrupt as exc:
+            status, error = "interrupted", _error_output(exc)
+        except BaseException as exc:  # SystemExit included: leaving early is a failed cell
+            status, error = "error", _error_output(exc)
+        finally:
+            cpu_limit(None)
+            if os.getpid() != self.pid:
+                os._exit(0)  # a process the notebook forked, back in the host's loop: it may not speak
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            sys.stdout, sys.stderr = saved
+            from engine.course.grading.sealed.remote import reap_children
+            reap_children()
+        outputs = _stream_outputs(out, err) + ([error] if error else [])
+        if "matplotlib.pyplot" in sys.modules:
+            try:
+                sys.modules["matplotlib.pyplot"].close("all")
+            except Exception:
+                pass
+        if kind == "trusted":     # what the chapter's cell bound, even one that stopped part way, is the chapter's
+            self.trusted_bindings.update((b, self.namespace[b]) for b in _names_bound(source) if b in self.namespace)
+        return {"status": status, "outputs": outputs, "refused": self.events()}
+
+    def events(self) -> list:
+        events = sorted(set(self.state["events"]))
+        self.state["events"].clear()
+        return events
+
+    def begin_test(self, source: str, names: list, cpu: float | None = None) -> dict:
+        """Before the judge runs a test: bind the chapter's names again (the judge reads those its own
+        run of the chapter's cells did not bind from here), then the test's CPU time starts."""
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
+        rebound = sorted(b for b, v in self.trusted_bindings.items()
+                         if b not in self.graded and self.namespace.get(b) is not v)
+        for bound, value in self.trusted_bindings.items():
+            if bound not in self.graded:
+                self.namespace[bound] = value
+        cpu_limit(cpu)
+        return {"notes": ["the chapter's names put back before this test: " + ", ".join(rebound[:8])]
+                if rebound else []}
+
+    def end_test(self) -> dict:
+        """After the test: what the audit hook refused while it ran (for the instructor)."""
+        cpu_limit(None)
+        return {"refused": self.events()}
+
+    def serve(self, op, target, args, kwargs):
+        if op == "cell":
+            return self.run_cell(*args)
+        if op == "lookup":
+            return {n: self.namespace[n] for n in args[0] if n in self.namespace}
+        if op == "begin_test":
+            return self.begin_test(*args)
+        if op == "end_test":
+            return self.end_test()
+        if op == "call_engine":          # a check's helper that must run where the learner's class is
+            module_name, qualname, *rest = args
+            return self.helpers.call(module_name, qualname, rest, kwargs)
+        raise ValueError(f"unknown operation {op!r}")
+
+
+def main() -> None:
+    """Host one notebook: read the plan from the judge, then run cells and answer its requests."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader interrupts cells, never the host itself
+    not_dumpable()
+    import socket
+    from engine.course.grading.sealed.remote import Channel, RemoteGone
+    channel = Channel(socket.socket(fileno=int(sys.argv[1])), "L")
+    try:
+        plan = channel._receive()["plan"]
+    except (RemoteGone, KeyError, TypeError):
+        return
+    libraries = _library_prefixes()
+    state = {"events": []}
+    sys.addaudithook(_audit_hook(state, libraries))
+    signal.signal(signal.SIGPROF, _out_of_cpu)
+    _prepare(plan)
+    graded = set(plan.get("graded", {})) | {n for specs in plan.get("graded_by_cell", {}).values() for n in specs}
+    host = Host(libraries, state, graded)
+    channel.serve = host.serve
+    channel._send({"ready": True})
+    while True:
+        try:
+            message = channel._receive()
+        except RemoteGone:
+            return
+        channel.answer(message)
+
+
+def cpu_limit(seconds: float | None) -> None:
+    """Stop this process's code (TimeoutError) once it has used `seconds` more of CPU time, all its
+    threads together (None: no limit). CPU time, not the wall clock: a busy machine slows a cell down
+    but does not make it need more CPU time."""
+    signal.setitimer(signal.ITIMER_PROF, seconds if seconds else 0)
+    _CPU_LIMIT[0] = seconds
+
+
+_CPU_LIMIT = [None]
+
+
+def _out_of_cpu(signum, frame) -> None:
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    raise TimeoutError(f"the cell used more than its {_CPU_LIMIT[0] or 0:g} s of CPU time and was stopped")
+
+
+if __name__ == "__main__":
+    main()

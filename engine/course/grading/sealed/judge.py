@@ -1,0 +1,493 @@
+"""The judge: the process that runs a chapter's graded tests, decides what may count and signs the
+verdicts; it runs no learner code at all.
+
+The grader starts two processes per notebook. The host (engine.course.grading.sealed.host, in the sandbox)
+runs every cell the notebook has and holds the learner's objects. The judge (this module, in a sandbox
+of its own where bubblewrap works: engine.course.grading.sandbox.confine) holds the channel key. It runs the
+chapter's test cells itself, on its own copy of the checks, the engine and the chapter's setup cells;
+the names a test reads that the learner defined are `Remote`s for the host's objects
+(engine.course.grading.sealed.remote), except a Triton kernel, which it takes from the cell's text
+(engine.course.grading.sealed.kernels) and launches in the kernel process the grader starts for it.
+Whether a test may count is decided here from the cells' text (engine.course.grading.sealed.decide: own
+work, refusals; likeness: copies of the reference).
+What the host reports (the chapter's names it bound again, what it refused) is shown, never deciding,
+and a host reply that does not fit its schema costs the cell. Time is the host's CPU time and a
+wall-clock backstop counted only while the judge waits for the host (Budget).
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import enum
+import hashlib
+import hmac
+import inspect
+import itertools
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import time
+import types
+
+import torch
+
+from engine.course.grading.sealed.host import (TRUSTED_PREFIX, _Capture, _error_output, _names_bound, _names_read,
+                                               _stream_outputs, named)
+from engine.course.cells import python_source
+from engine.course.grading.sealed import decide, kernels, likeness
+from engine.course.grading.sealed.kernelbox import KernelBox, sandboxed_kernel
+from engine.course.grading.sealed.remote import Channel, RemoteGone, TaughtBodyRefused, TooLarge, TooSlow
+
+_SHAREABLE_MODULES = ("engine.",)      # the judge hands the host references only to objects of these
+_HARMLESS = (itertools.count, random.Random, torch.Generator)   # ... and to these, which reach nothing
+_PLAIN_DUNDERS = {"__name__", "__qualname__", "__doc__", "__module__"}   # strings, readable by graded code
+
+
+def _engine_object(value) -> bool:
+    """Objects the host may hold a reference to: instances of the engine's own classes, their methods
+    the engine defines (not those inherited from torch: a module's hooks or load_state_dict would let
+    learner code into the judge's own forward passes), and the engine's functions and classes."""
+    if isinstance(value, _HARMLESS):
+        return True
+    if isinstance(value, types.BuiltinMethodType) and type(getattr(value, "__self__", None)) in (list, dict, set):
+        return True                       # a method of a list or dict a check's object holds
+    if isinstance(value, types.MethodType):
+        return _from_engine(value.__func__) and _from_engine(type(value.__self__))
+    if isinstance(value, types.ModuleType):
+        return False
+    return _from_engine(value if isinstance(value, (type, types.FunctionType)) else type(value))
+
+
+def _from_engine(owner) -> bool:
+    module = getattr(owner, "__module__", "")
+    return isinstance(module, str) and module.startswith(_SHAREABLE_MODULES)
+
+
+def guard(op: str, target, args: list) -> None:
+    """What the host may ask of the judge's objects: public attributes and calls on what a check handed
+    it; an attribute it sets holds data (a method or property of the class is never replaced)."""
+    if target is None:
+        raise PermissionError("the grader answers requests on the objects it handed out only")
+    if op == "write_into" and args[0] == "getattr":
+        op, args = "getattr", args[1:]
+    if op == "callmethod":                # obj.name(...): the attribute read is what is guarded
+        op, args = "getattr", args[:1]
+    if op in ("getattr", "setattr", "delattr"):
+        name = args[0]
+        if not isinstance(name, str) or (name.startswith("_") and not (op == "getattr" and name in _PLAIN_DUNDERS)):
+            raise PermissionError(f"the grader's objects do not show {name!r} to graded code")
+        declared = inspect.getattr_static(type(target), name, None)
+        if op == "getattr" and isinstance(declared, property):
+            refuse_taught(declared.fget)
+        if op != "getattr" and (callable(declared) or hasattr(declared, "__get__")) and not isinstance(
+                declared, (int, float, str, enum.Enum)):
+            raise PermissionError(f"graded code may not replace {type(target).__name__}.{name} of the grader's "
+                                  "objects")
+
+
+STUBBED: set = set()          # (module, qualname) of every body the host's engine stubs (set per judge)
+REFUSED: set = set()          # the qualnames of those the host asked the judge to run, this test
+
+
+def refuse_taught(function) -> None:
+    """Refuse to run, for the host, an engine body its own engine copy stubs (this chapter's taught
+    code and later chapters'): a request for it raises TaughtBodyRefused, a NotImplementedError that
+    the checks read as "not written yet" (the judge knows it refused it: `_unwritten`)."""
+    inner = getattr(function, "__func__", function)
+    key = (getattr(inner, "__module__", None), getattr(inner, "__qualname__", None))
+    if key in STUBBED:
+        REFUSED.add(key[1])
+        raise TaughtBodyRefused(f"{key[1]} is taught in this course: the grader does not run its own {key[1]} for "
+                                "your code (write yours, on your own class)", key[1])
+
+
+def defined_in_text(qualname: str, sources: list[str]) -> bool:
+    """Whether a learner cell's text defines `qualname` with def: a function of that name, or, for
+    Class.method, a def of that method in any class the cells write; a def whose body is the release's
+    `raise NotImplementedError()` (a docstring before it) is not written yet."""
+    owner, _, method = qualname.rpartition(".")
+    for source in sources:
+        tree = decide.parse(source)
+        for node in ast.walk(tree) if tree is not None else ():
+            body = node.body if owner and isinstance(node, ast.ClassDef) else [node] if not owner else []
+            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method
+                   and not _unwritten_body(n) for n in body):
+                return True
+    return False
+
+
+def _unwritten_body(definition) -> bool:
+    body = [s for s in definition.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) and not body[0].exc.args else body[0].exc
+    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
+
+
+def _unwritten(taught: set, sources: list[str]):
+    """The judge's own answer to "is `qualname` not written yet?" (for the checks' `served`): a body it
+    refused to run for the host during this test, or one of this chapter's taught names that no learner
+    cell defines. What the host says of an exception it raised is never asked."""
+    return lambda qualname: qualname in REFUSED or (qualname in taught and not defined_in_text(qualname, sources))
+
+
+def _edition_notebook() -> dict | None:
+    """In the student edition the judge's own engine has stubs too, which call the learner's definitions
+    from the running notebook: the judge keeps its own copy of the notebook's names for them (the
+    edition is the learner's own copy of the course, whose grader they may change anyway; the
+    instructor grades in the full repository, where the judge's engine has no stubs)."""
+    edition = sys.modules.get("engine._edition")
+    if edition is None:
+        return None
+    module = types.ModuleType("__main__")     # the learner's classes, defined as in the notebook
+    module.__dict__["__builtins__"] = builtins
+    edition.notebook = lambda: module.__dict__
+    return module.__dict__
+
+
+def needed_cells(cells: list[tuple[str, str, str]]) -> set[str]:
+    """The chapter cells (kind trusted) whose names the tests read, directly or through another such cell:
+    the judge runs those itself. cells: [(kind, name, source)] in notebook order."""
+    wanted: set[str] = set()
+    chosen: set[str] = set()
+    for kind, _, source in cells:
+        if kind == "test":
+            wanted |= _names_read(source)
+    for kind, name, source in reversed(cells):
+        if kind == "trusted" and _names_bound(source) & wanted:
+            chosen.add(name)
+            wanted |= _names_read(source)
+    return chosen
+
+
+def main() -> None:
+    """A judge started on its own: the descriptors on its command line."""
+    serve(*(int(fd) for fd in sys.argv[1:5]))
+
+
+def serve(command_fd: int, result_fd: int, host_fd: int, kernel_fd: int | None = None) -> None:
+    """Serve one grading run: the key and plan from the grader on the command pipe, signed results on
+    the result pipe, the host on its socket (engine.course.grading.sealed.warm forks a judge straight into this)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    commands = os.fdopen(command_fd, "r", encoding="utf-8", closefd=True)
+    results = os.fdopen(result_fd, "w", encoding="utf-8", closefd=True)
+    plan = json.loads(commands.readline())
+    key = bytes.fromhex(plan.pop("key"))
+
+    def send(message: dict) -> None:     # signed as the grader checks it (engine.course.grading.kernel)
+        body = json.dumps(message)
+        results.write(body + "\t" + hmac.new(key, body.encode(), hashlib.sha256).hexdigest() + "\n")
+        results.flush()
+
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    for module in plan.get("preimport", []):
+        try:
+            __import__(module)
+        except Exception:
+            pass
+    box = KernelBox(grader=kernel_fd)     # its kernel process is the grader's, asked for on kernel_fd
+    try:
+        _serve(plan, send, commands, host_fd, box)
+    finally:
+        box.stop()
+
+
+def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
+    channel = Channel(socket.socket(fileno=host_fd), "T")
+    channel.guard = guard
+    channel.screen = _engine_object
+    channel.call_guard = refuse_taught
+    STUBBED.update(tuple(k) for k in plan.pop("stubbed", []) if isinstance(k, list) and len(k) == 2)
+    learner_cells: list[str] = []        # every learner cell's text, in order: what "written" is read from
+    channel.unwritten = _unwritten({qualname for _, qualname in plan.get("references", [])}, learner_cells)
+    try:
+        channel.send_plan(dict(plan, key=None))
+    except RemoteGone:
+        return
+    shadow = _edition_notebook()
+    main_module = types.ModuleType("__main__")
+    namespace = main_module.__dict__
+    namespace["__builtins__"] = builtins
+    sys.modules["__main__"] = main_module
+    mine: dict = {}                       # what the judge's own run of the chapter's cells bound
+    graded = dict(plan.get("graded", {}))
+    graded_by_cell = plan.get("graded_by_cell", {})
+    run_here = set(plan.get("judge_cells", []))
+    references = _reference_tokens(plan.get("references", []), graded)
+    kernel_names = set(plan.get("kernels", []))
+    built: dict = {}                      # kernel name -> (the judge's own build of it, or None, why not)
+    notebook = decide.Notebook(graded, set(graded_by_cell), set(), set())
+    sources: dict = {}                    # graded name -> the text of the learner cell that last defined it
+    send({"seq": 0, "ready": True})
+    seq = 0
+    for line in commands:
+        seq += 1
+        job = json.loads(line)
+        source, kind, name = job["source"], job["kind"], job.get("name") or f"cell{seq}"
+        if kind == "learner":
+            source = python_source(source)      # magics and !cmd as the code they hold, for both processes
+            learner_cells.append(source)
+            graded.update(graded_by_cell.get(name, {}))
+            sources.update((bound, source) for bound in _names_bound(source))
+            notebook.add(name, source)
+            built.update((k, _sandboxed(box, *kernels.build(k, source))) for k in kernel_names & _names_bound(source))
+        elif kind == "trusted":
+            notebook.chapter_cell(source)
+        budget = Budget.of(job.get("timeout"))
+        channel.allowance = budget.wall
+        box.deadline = None if budget.wall is None else time.monotonic() + budget.wall
+        try:
+            used = sorted(_names_read(source) & set(graded))
+            reasons = notebook.reasons(used) if kind == "test" else []
+            reasons += [built[k][1] for k in used if k in built and built[k][1]]
+            message = _run(channel, namespace, mine, graded, source, kind, name, name in run_here,
+                           reasons, budget, built)
+            if kind == "test":
+                message["verdict"]["copied"] = copies_of_the_reference(used, graded, sources, references)
+            if shadow is not None and kind != "test":
+                _shadow_run(shadow, source, name)
+        except TooSlow:
+            message = {"status": "stuck", "outputs": [budget.exceeded()], "verdict": {}, "refused": []}
+        except TooLarge as bound:     # past a bound: this test earns nothing, both processes start again
+            message = {"status": "stuck", "outputs": [_error_output(bound)], "verdict": {}, "refused": []}
+        except RemoteGone as gone:
+            message = {"status": "dead", "outputs": [_error_output(gone)], "verdict": {}, "refused": []}
+        channel.allowance = None
+        message["seq"] = seq
+        send(message)
+        if message["status"] in ("dead", "stuck"):
+            return
+
+
+class Budget:
+    """A cell's time: `cpu` seconds of the host's own CPU time (all its threads; the host stops its
+    code past it), and a wall-clock backstop `wall` for the host's answers, counted only while the
+    judge waits for them (its own work never counts). A busy machine slows the wall clock, not the
+    CPU time a computation needs: the backstop is WALL_FACTOR times the cell's time limit."""
+
+    WALL_FACTOR = 10
+
+    def __init__(self, cpu: float | None, wall: float | None, limit: float | None):
+        self.cpu, self.wall, self.limit = cpu, wall, limit
+
+    @classmethod
+    def of(cls, limit) -> "Budget":
+        if not isinstance(limit, (int, float)) or limit <= 0:
+            return cls(None, None, None)
+        return cls(float(limit) * max(1, len(os.sched_getaffinity(0))), float(limit) * cls.WALL_FACTOR, limit)
+
+    def exceeded(self) -> dict:
+        text = (f"the notebook's code took more than {self.wall:g} s (wall clock) to answer the grader, "
+                f"{self.WALL_FACTOR} times the cell's {self.limit:g} s limit (it slept or waited); this test "
+                "earns nothing, and the notebook's process was restarted")
+        return {"output_type": "error", "ename": "CellTimeoutError", "evalue": text,
+                "traceback": [f"CellTimeoutError: {text}"]}
+
+
+def _run(channel: Channel, namespace: dict, mine: dict, graded: dict, source: str, kind: str,
+         name: str, run_here: bool, reasons: list, budget: "Budget", built: dict) -> dict:
+    """One cell: the host runs learner and chapter cells; the judge runs tests (and the chapter cells
+    they need) on its own, with the learner's names as Remotes. `reasons`: the judge's own, from the
+    cells' text, why the test must not count; what the host reports is only shown."""
+    if kind != "test":
+        result = _checked(channel.request("cell", None, source, kind, name, budget.cpu), CELL_REPLY)
+        if kind == "trusted" and run_here:      # the modules it imports are the judge's: never the host's
+            mine.setdefault(_CHAPTER_NAMES, set()).update(_imported(source))
+            if _run_here(channel, namespace, mine, graded, source, name, built, quiet=True)[0] == "ok":
+                mine.update((n, namespace[n]) for n in _names_bound(source) if n in namespace)
+        return {"status": result["status"], "outputs": result["outputs"], "verdict": {},
+                "refused": result.get("refused", [])}
+    REFUSED.clear()
+    begin = _checked(channel.request("begin_test", None, source, sorted(_names_read(source) & set(graded)),
+                                     budget.cpu), BEGIN_REPLY)
+    status, outputs = _run_here(channel, namespace, mine, graded, source, name, built, quiet=False)
+    end = _checked(channel.request("end_test", None), END_REPLY)
+    verdict = dict(begin, **end)                  # what the host reports: shown, never deciding
+    if verdict.pop("malformed", False):
+        reasons = list(reasons) + ["the notebook's process answered the grader out of turn or malformed"]
+    verdict["reasons"] = list(reasons)
+    if reasons:                           # the judge's reason first: it is why the test earns nothing
+        status = "error"
+        outputs.insert(0, {"output_type": "error", "ename": "GradingRefused", "evalue": " ".join(reasons),
+                           "traceback": ["GradingRefused: " + " ".join(reasons)]})
+    return {"status": status, "outputs": outputs, "verdict": verdict, "refused": end.get("refused", [])}
+
+
+def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, source: str, name: str,
+              built: dict, quiet: bool) -> tuple[str, list]:
+    """Run a chapter cell in the judge. Names it reads: the judge's own binding of a chapter name, the
+    host's object for an exercise's name or anything else the chapter's cells here did not bind."""
+    chapter = mine.get(_CHAPTER_NAMES, set())
+    wanted = sorted(n for n in _names_read(source) if n in graded or (n not in mine and n not in chapter))
+    wanted = [n for n in wanted if n in graded or not hasattr(builtins, n)]
+    for bound, value in mine.items():
+        namespace[bound] = value
+    for stale in [n for n in namespace if n not in mine and not n.startswith("__")]:
+        del namespace[stale]
+    namespace["__builtins__"] = builtins
+    namespace.pop(_CHAPTER_NAMES, None)
+    out, err = _Capture(), _Capture()
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    status, error = "ok", None
+    try:
+        if wanted:
+            namespace.update(_looked_up(channel.request("lookup", None, wanted), wanted))
+        for kernel, (fn, why) in built.items():   # a kernel is the text's, launched in the kernel process
+            if kernel in wanted:
+                namespace[kernel] = fn if fn is not None else _not_a_kernel(why)
+        exec(compile(source, f"{TRUSTED_PREFIX}{name}>", "exec"), namespace)
+    except RemoteGone:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a failed test, reported as its cell's error
+        status, error = "error", _error_output(exc)
+    finally:
+        sys.stdout, sys.stderr = saved
+    if quiet:
+        return status, []
+    return status, _stream_outputs(out, err) + ([error] if error else [])
+
+
+_CHAPTER_NAMES = "__chapter_names__"   # in `mine`: the names the chapter's cells the judge ran import
+
+
+def _imported(source: str) -> set[str]:
+    """The names a chapter cell binds by import (the checks' module, torch, the engine's modules)."""
+    tree = decide.parse(source)
+    return {(a.asname or a.name).split(".")[0] for node in (ast.walk(tree) if tree is not None else ())
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+
+
+class ReplyRefused(Exception):
+    """The host answered a request with something it was not asked for: the test fails, saying what."""
+
+
+def _looked_up(reply, wanted: list) -> dict:
+    """The host's objects for the names a test reads: a mapping of some of exactly those names (a name
+    it lacks stays unbound, as in a notebook), each to data or a Remote. A reply with another name
+    (the checks' module, a builtin, a name of the judge's), or not a mapping of names, is refused
+    whole: nothing of it reaches the test's names."""
+    if type(reply) is not dict:
+        raise ReplyRefused(f"the notebook's process answered the grader's request for {', '.join(wanted)} with "
+                           f"a {type(reply).__name__}, not the names asked for")
+    extra = sorted(repr(k)[:40] for k in reply if type(k) is not str or k not in wanted)
+    if extra:
+        raise ReplyRefused(f"the notebook's process answered the grader's request for {', '.join(wanted)} with "
+                           f"names it did not ask for ({', '.join(extra[:5])}): this test does not count")
+    return reply
+
+
+def _reference_tokens(references: list, graded: dict) -> dict:
+    """{graded name: normalized tokens of its reference} (engine.course.grading.sealed.likeness), read from the
+    source of the judge's engine: a function, or a class's taught methods one after the other."""
+    import textwrap
+    by_name: dict = {}
+    for module_name, qualname in references:
+        try:
+            source = textwrap.dedent(inspect.getsource(named(module_name, qualname)))
+        except (ImportError, AttributeError, OSError, TypeError):
+            continue
+        by_name.setdefault(qualname.split(".")[0], {})[qualname.split(".")[-1]] = source
+    prints = {}
+    for name, parts in by_name.items():
+        methods = (graded.get(name) or {}).get("methods")
+        if methods and all(m in parts for m in methods):
+            text = "class _Reference:\n" + "".join(textwrap.indent(parts[m], "    ") for m in methods)
+            prints[name] = likeness.exercise_tokens("_Reference", methods, text, {})
+        elif not methods and name in parts:
+            prints[name] = likeness.exercise_tokens(name, None, parts[name], {})
+    return {name: tokens for name, tokens in prints.items() if tokens}
+
+
+def copies_of_the_reference(names: list, graded: dict, sources: dict, references: dict) -> list[str]:
+    """The graded names whose code, as typed into the learner's cell that last defined them, is the
+    reference's by meaning (renamed, reformatted, loops rewritten, helpers split out): read from the
+    cell's text, never from the host."""
+    found = []
+    helpers: dict = {}
+    for source in dict.fromkeys(sources.values()):
+        helpers.update(likeness.definitions(source)[0])
+    for name in names:
+        if name not in sources or name not in references:
+            continue
+        mine = likeness.exercise_tokens(name, graded[name].get("methods"), sources[name], helpers)
+        if mine and likeness.alike(mine, references[name]):
+            found.append(f"{name} is the reference's code by meaning")
+    return sorted(set(found))
+
+
+def _sandboxed(box: KernelBox, program, why: str):
+    """(what the checks launch for a kernel the judge took from the text, why it cannot be one)."""
+    return (sandboxed_kernel(box, program) if program is not None else None), why
+
+
+def _not_a_kernel(why: str):
+    def refused(*args, **kwargs):
+        raise NotImplementedError(why)
+    return refused
+
+
+CELL_REPLY = {"status": str, "outputs": list, "refused": list}
+BEGIN_REPLY = {"notes": list}
+END_REPLY = {"refused": list}
+_OUTPUT_TYPES = {"stream", "error", "display_data", "execute_result"}
+
+
+def _checked(reply, schema: dict) -> dict:
+    """The host's reply if it has the schema's fields with their types (lists of strings, outputs as
+    notebook outputs of strings); otherwise a reply that costs the cell, marked malformed."""
+    def fine(key, kind, value) -> bool:
+        if not isinstance(value, kind):
+            return False
+        if key == "outputs":
+            return all(isinstance(o, dict) and o.get("output_type") in _OUTPUT_TYPES and all(
+                isinstance(v, (str, list, dict)) for v in o.values()) for o in value)
+        return kind is not list or all(isinstance(item, str) for item in value)
+    if isinstance(reply, dict) and all(fine(k, t, reply.get(k)) for k, t in schema.items()) and (
+            "status" not in schema or reply["status"] in ("ok", "error", "interrupted")):
+        checked = {k: reply[k] for k in schema}
+        if "outputs" in checked:
+            checked["outputs"] = _bounded(checked["outputs"])
+        return {k: [n[:500] for n in v[:MAX_NOTES]] if isinstance(v, list) and k != "outputs" else v
+                for k, v in checked.items()}
+    broken = {k: ([] if t is list else "error") for k, t in schema.items()}
+    if "outputs" in broken:
+        broken["outputs"] = [{"output_type": "error", "ename": "GradingRefused", "evalue": MALFORMED,
+                              "traceback": [f"GradingRefused: {MALFORMED}"]}]
+    return dict(broken, malformed=True)
+
+
+MALFORMED = "the notebook's process sent the grader a malformed reply: this cell does not count"
+MAX_OUTPUT_CHARS = 200_000       # a cell's outputs, all together, as the host sent them
+MAX_NOTES = 50                   # entries of a list the host reports (refusals, notes)
+
+
+def _bounded(outputs: list) -> list:
+    """A cell's outputs up to MAX_OUTPUT_CHARS in all (the host's own bound is per stream); what is past
+    it is cut, saying so."""
+    kept, used = [], 0
+    for output in outputs:
+        size = len(json.dumps(output))
+        if used + size > MAX_OUTPUT_CHARS:
+            kept.append({"output_type": "stream", "name": "stderr", "text": f"[the cell's outputs past "
+                         f"{MAX_OUTPUT_CHARS:,} characters were cut: {len(outputs) - len(kept)} more outputs]\n"})
+            break
+        kept.append(output)
+        used += size
+    return kept
+
+
+def _shadow_run(shadow: dict, source: str, name: str) -> None:
+    """A cell in the edition judge's copy of the notebook, quietly (its outputs are the host's)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = _Capture()
+    try:
+        exec(compile(source, f"<shadow {name}>", "exec"), shadow)
+    except BaseException:  # noqa: BLE001 - the host reports the cell's own error
+        pass
+    finally:
+        sys.stdout, sys.stderr = saved
+
