@@ -5,13 +5,13 @@ an object of the host compares equal only by its contents; writes into tensors r
 the host imports an engine without this chapter's reference.
 """
 import socket
-import threading
 
 import pytest
 import torch
 
 from engine.course.grading.sealed.judge import _engine_object, guard, needed_cells
 from engine.course.grading.sealed.remote import Channel, Remote
+from fixtures.channel_pair import served_pair
 
 
 class Cache:
@@ -33,22 +33,9 @@ class Cache:
 
 @pytest.fixture()
 def pair():
-    judge_end, host_end = socket.socketpair()
-    judge, host = Channel(judge_end, "T"), Channel(host_end, "L")
-    judge.guard, judge.screen = guard, _engine_object
     objects = {"cache": Cache(), "answer": [1, 2, (3, "x")]}
-    host.serve = lambda op, target, args, kwargs: objects if op == "lookup" else None
-
-    def serve():
-        try:
-            while True:
-                host.answer(host._receive())
-        except Exception:
-            return
-    threading.Thread(target=serve, daemon=True).start()
-    yield judge, host, objects
-    judge_end.close()
-    host_end.close()
+    with served_pair(objects) as (judge, host):
+        yield judge, host, objects
 
 
 def test_data_crosses_as_data_and_objects_as_remotes(pair):

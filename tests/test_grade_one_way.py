@@ -7,7 +7,6 @@ the learner's object lives (engine.checks.recording) and read back as data, and 
 the judge's side, to send a function, method, lambda, closure or class as a handle, naming it.
 """
 import functools
-import socket
 import threading
 
 import pytest
@@ -16,9 +15,9 @@ from engine.cache.allocator import BlockAllocator
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
 from engine.checks import ch03, ch05, ch07, recording
-from engine.course.grading.sealed.judge import _engine_object, guard
-from engine.course.grading.sealed.remote import Channel, Remote
+from engine.course.grading.sealed.remote import Remote
 from engine.serve.scheduler import Scheduler
+from fixtures.channel_pair import served_pair
 from fixtures.check_support import hosted, passes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,22 +59,9 @@ def describe(value) -> str:
 
 @pytest.fixture()
 def pair():
-    judge_end, host_end = socket.socketpair()
-    judge, host = Channel(judge_end, "T"), Channel(host_end, "L")
-    judge.guard, judge.screen = guard, _engine_object
     objects = {"learner": Learner()}
-    host.serve = lambda op, target, args, kwargs: objects if op == "lookup" else None
-
-    def serve():
-        try:
-            while True:
-                host.answer(host._receive())
-        except Exception:
-            return
-    threading.Thread(target=serve, daemon=True).start()
-    yield judge, objects
-    judge_end.close()
-    host_end.close()
+    with served_pair(objects) as (judge, host):
+        yield judge, objects
 
 
 def recorder_of(calls):
