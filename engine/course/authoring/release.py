@@ -36,7 +36,9 @@ with `make grade` (or `make grade DIR=path/to/your/copies`).
 
 
 TAUGHT_FILE = ".taught.json"    # beside the notebooks: what each chapter teaches (engine/checks/own_work.py reads it)
-SCRATCH_MARK = "written by engine/course/authoring/nbgrader_course.py"   # first line of a scratch course's config
+# The first line of a scratch course's config says who wrote it; before the course's tooling had its three
+# folders it named engine/course/nbgrader_course.py, and an instructor's earlier scratch course is still ours.
+SCRATCH_MARK = "nbgrader configuration, written by engine/course/"
 
 
 def work_refusal(work_dir: Path) -> str:
