@@ -139,6 +139,11 @@ VARIANTS = {
         "        print('truncating', seq, 'to', length)\n        return super().truncate(seq, length)\n"))),
     "super() into another method": ("ch03", edited("ch03", "ch03_free", lambda s: s.replace(
         "self.table(seq)", "super().table(seq)"))),
+    "super() into the engine's helper in the allocator": ("ch02", edited("ch02", "ch02_allocator", lambda s: s.replace(
+        "self.check_id(block)", "super().check_id(block)"))),
+    "super() into ch03's methods in fork": ("ch04", edited("ch04", "ch04_cache", lambda s: s.replace(
+        "list(self.table(parent))", "list(super().table(parent))").replace(
+        "self.create(child)", "super().create(child)"))),
 }
 
 
