@@ -25,18 +25,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from engine.course.classroom.inbound import is_account as exists
+
 INSTRUCTOR_TOOLS = ["formgrader", "course-list", "create-assignment"]   # @jupyter/nbgrader:NAME
 INSTRUCTOR_SERVER = ["nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list"]
 INSTRUCTORS_GROUP = "paged-kv-instructors"     # setup.sh makes it; src/ and the grading cgroups are its
 COURSE_ID = "paged-kv-course"
-
-
-def exists(account: str) -> bool:
-    try:
-        pwd.getpwnam(account)
-        return True
-    except KeyError:
-        return False
 
 
 def write_as(account: str, path: Path, text: str) -> None:
