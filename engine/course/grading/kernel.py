@@ -104,8 +104,8 @@ def host_argv(code: str, home: str) -> list[str]:
 
 def kernel_argv() -> list[str]:
     """The kernel process's command line: isolated Python without `site` on the libraries alone, running
-    engine.course.grading.sealed.kernel_runner's text (no file of the course is on its path or opened by it); it
-    dies with the thread that started it."""
+    engine.course.grading.sealed.kernel_runner's text (no file of the course is on its path or opened by
+    it); it dies with the thread that started it."""
     import sys
 
     from engine.course.grading.sealed import kernel_runner
@@ -137,8 +137,8 @@ _WARM_EXIT: list = []      # the atexit hook that ends the warm judges, once reg
 
 class SealedKernel:
     """The host (engine.course.grading.sealed.host: the notebook's cells) and the judge
-    (engine.course.grading.sealed.judge:
-    the graded tests and the key) as one kernel: cells in, signed results out.
+    (engine.course.grading.sealed.judge: the graded tests and the key) as one kernel: cells in, signed
+    results out.
 
     `plan` is engine.course.authoring.exercises.Plan.for_worker() (plus the chapter cells the judge runs itself);
     `wrap` (optional) turns the host's command line into a sandboxed one (engine.course.grading.sandbox);
