@@ -62,6 +62,14 @@ LOOKUP = {
         "engine.course.grading.sealed.remote", "RemoteGone",
         [["builtins", "SystemExit"], ["builtins", "KeyboardInterrupt"]])},
     "out_of_turn": lambda call, names: {"reply": call + 7, "value": None},
+    # a request of its own, instead of the reply: the judge serves none, whatever it names
+    "asks_the_judge": lambda call, names: {"call": 1, "op": "call_engine", "target": None,
+                                           "args": channel.encode(["os", "system", "id"]), "kwargs": channel.encode({})},
+    "calls_a_judge_object": lambda call, names: {"call": 2, "op": "getattr", "target": 12345,
+                                                 "args": channel.encode(["__globals__"]), "kwargs": channel.encode({})},
+    "looks_up_the_judges_names": lambda call, names: {"call": 3, "op": "lookup", "target": None,
+                                                      "args": channel.encode([["fail", "key"]]),
+                                                      "kwargs": channel.encode({})},
 }
 
 
@@ -108,7 +116,7 @@ while True:
 LEARNER = "def answer():\n    return 42\n"
 TEST = "from engine.checks import served\nwith served('the answer'):\n    assert answer() == 42\n"
 PLAN = {"preimport": ["engine"], "graded": {"answer": {}}, "graded_by_cell": {}, "judge_cells": [],
-        "references": [["engine.checks", "answer"]], "stubbed": []}
+        "references": [["engine.checks", "answer"]]}
 # scenario -> what the failed test says (the bound or the wrong shape, named)
 SCENARIOS = {"extra_names": "names it did not ask for ('AssertionError', 'check')",
              "not_a_mapping": "with a list, not the names asked for",
@@ -117,7 +125,9 @@ SCENARIOS = {"extra_names": "names it did not ask for ('AssertionError', 'check'
              "huge_frame": "the grader's bound is", "no_such_handle": "never sent",
              "forged_method": "never handed out", "class_by_name": "an unknown value",
              "frozen_object": "unknown frozen dataclass", "stopping_exception": "forged",
-             "out_of_turn": "out of turn", "never": "took more than", "fake_not_written": "forged"}
+             "out_of_turn": "out of turn", "never": "took more than", "fake_not_written": "forged",
+             "asks_the_judge": "the grader answers none", "calls_a_judge_object": "the grader answers none",
+             "looks_up_the_judges_names": "the grader answers none"}
 
 
 class HostileKernel(SealedKernel):

@@ -1,21 +1,26 @@
-"""One direction (issue 36 item 2): the judge never hands the host a handle to code of its own.
+"""One direction, data only (issue 36 item 2): the judge asks, the host answers, and nothing of the judge's
+ever reaches the host.
 
-A check used to hand learner objects functions of the judge's (a recorder set as `sched.publish`, a
-lambda as a prefix cache's hash_fn), and learner code holding one could call back into the judge
-(`self.cache.swap_out._function`, kept and called, earned 29/29 on ch07). Now a recorder is built where
-the learner's object lives (engine.checks.recording) and read back as data, and the channel refuses, on
-the judge's side, to send a function, method, lambda, closure or class as a handle, naming it.
+A check used to hand learner objects the judge's own objects (its PagedKVCache, allocator, prefix cache,
+sequences) and functions (a recorder set as `sched.publish`), and learner code holding one called back
+into the judge (`self.cache.swap_out._function`, kept and called, earned 29/29 on ch07). Now the judge's
+channel refuses to encode anything but data (`JudgeObjectRefused`, naming it), the checks build what
+learner code holds where the learner's objects live (engine.checks.where_it_lives, made_beside), and a
+request from the host is never served: it breaks the channel (`OutOfTurn`), costing that test only.
 """
 import functools
 import threading
 
 import pytest
+import torch
 
 from engine.cache.allocator import BlockAllocator
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import PrefixCache
-from engine.checks import ch03, ch05, ch07, recording
-from engine.course.grading.sealed.remote import Remote
+from engine.checks import ch03, ch05, ch07, made_beside, recording, tiny
+from engine.course.grading.sealed.remote import JudgeObjectRefused, OutOfTurn, Remote
+from engine.sampling import SamplingParams
+from engine.serve.request import Status
 from engine.serve.scheduler import Scheduler
 from fixtures.channel_pair import served_pair
 from fixtures.check_support import hosted, passes
@@ -24,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Learner:
-    """A learner's object in the host: it keeps what the judge hands it and walks attributes from there."""
+    """A learner's object in the host: it keeps what the judge hands it and may try to call the judge."""
 
     def __init__(self):
         self.held = None
@@ -32,36 +37,16 @@ class Learner:
     def take(self, value) -> None:
         self.held = value
 
-    def call(self, name: str, *args):
-        return getattr(self.held, name)(*args)
-
-    def walk(self, routes: list) -> dict:
-        """{route: what it reached ("refused: ..." when a step raised)}; "()" in a route calls the value."""
-        found = {}
-        for route in routes:
-            value = self
-            try:
-                for step in route:
-                    value = value() if step == "()" else getattr(value, step)
-            except Exception as error:  # noqa: BLE001 - what the route met is the answer
-                found[".".join(route)] = f"refused: {type(error).__name__}: {error}"
-                continue
-            found[".".join(route)] = describe(value)
-        return found
-
-
-def describe(value) -> str:
-    """A value the host reached, in words: "judge's <type>" for a handle to the judge's object."""
-    if type(value) is Remote:
-        return f"judge's {value._info['type'][1]}"
-    return type(value).__name__
+    def ask_the_judge(self, op: str, *args):
+        """What learner code owning the host can do: send the judge a request of its own."""
+        return self.channel.request(op, None, *args)
 
 
 @pytest.fixture()
 def pair():
     objects = {"learner": Learner()}
     with served_pair(objects) as (judge, host):
-        yield judge, objects
+        yield judge, host, objects
 
 
 def recorder_of(calls):
@@ -74,55 +59,78 @@ class Local(PagedKVCache):
     """A class a check might build for itself."""
 
 
-@pytest.mark.parametrize("value, named", [
-    (recorder_of([]), f"closure {__name__}.recorder_of.<locals>.recording_publish"),
-    (lambda seq, index: None, f"lambda {__name__}.<lambda>"),
-    (BlockAllocator(4).allocate, "method (of a BlockAllocator) engine.cache.allocator.BlockAllocator.allocate"),
-    (functools.partial(print, 1), "function builtins.print"),
-    (Local, f"class {__name__}.Local"),
-    (describe, f"function {__name__}.describe"),
-], ids=["closure", "lambda", "bound method", "partial", "class", "function"])
-def test_a_check_handing_the_host_code_of_its_own_is_refused_and_the_message_names_it(pair, value, named):
-    judge, objects = pair
+JUDGE_OBJECTS = {
+    "closure": (recorder_of([]), f"{__name__}.recorder_of.<locals>.recording_publish"),
+    "lambda": (lambda seq, index: None, f"{__name__}.<lambda>"),
+    "bound method": (BlockAllocator(4).allocate, "engine.cache.allocator.BlockAllocator.allocate"),
+    "partial": (functools.partial(print, 1), "builtins.print"),
+    "own class": (Local, f"{__name__}.Local"),
+    "engine object": (BlockAllocator(4), "engine.cache.allocator.BlockAllocator"),
+    "engine cache": (PagedKVCache(tiny().config, 4, block_size=4), "engine.cache.paged.PagedKVCache"),
+    "module": (torch, "torch"),
+    "model": (tiny(), "Qwen3Model"),
+    "plain object": (object(), "builtins.object"),
+}
+
+
+@pytest.mark.parametrize("value, named", JUDGE_OBJECTS.values(), ids=list(JUDGE_OBJECTS))
+def test_the_judge_sends_data_only_and_the_refusal_names_what_it_refused(pair, value, named):
+    judge, _, objects = pair
     learner = judge.request("lookup", None)["learner"]
-    with pytest.raises(PermissionError, match="does not hand the notebook's process its own") as refused:
+    with pytest.raises(JudgeObjectRefused, match="does not hand the notebook's process its own") as refused:
         learner.publish = value                       # set as an attribute of the learner's object
     assert named in str(refused.value)
-    with pytest.raises(PermissionError, match="does not hand the notebook's process its own"):
+    with pytest.raises(JudgeObjectRefused):
         learner.take(value)                           # or passed to its method
-    with pytest.raises(PermissionError, match="does not hand the notebook's process its own"):
+    with pytest.raises(JudgeObjectRefused):
         learner.take([1, {"hook": value}])            # or inside data
     assert objects["learner"].held is None and "publish" not in vars(objects["learner"])
 
 
-def test_the_engines_classes_and_functions_still_go_by_name_as_the_hosts_own_copy(pair):
-    judge, objects = pair
+def test_data_and_the_engines_names_cross(pair):
+    judge, _, objects = pair
     learner = judge.request("lookup", None)["learner"]
     assert judge.encode(PagedKVCache) == {"~": "class", "c": ("engine.cache.paged", "PagedKVCache")}
-    learner.take(PagedKVCache)
-    assert objects["learner"].held is PagedKVCache    # one process here: the host's copy is this one
-    learner.take(BlockAllocator(4))                   # an engine object of the judge's: still a handle, for now
-    assert type(objects["learner"].held) is Remote
+    sent = [1, 2.5, "x", None, (1, [2]), {"k": {3}}, torch.arange(3), torch.float16, SamplingParams(max_tokens=3),
+            Status.RUNNING, b"raw", range(3), PagedKVCache]
+    for value in sent:
+        learner.take(value)
+        held = objects["learner"].held
+        assert held is value if value is PagedKVCache else (
+            torch.equal(held, value) if isinstance(value, torch.Tensor) else held == value), value
 
 
-def test_learner_code_walking_from_a_judges_object_reaches_no_code_of_the_judge(pair):
-    """The routes learner code took (the function behind a method, a closure set on an object) end in a
-    refusal or in data; a method still works, as the object and its name."""
-    judge, objects = pair
+@pytest.mark.parametrize("op, args", [("lookup", ()), ("call_engine", ("builtins", "print", "hi")),
+                                      ("getattr", ("x",)), ("cell", ("import os", "learner", "c1", None)),
+                                      ("call", ()), ("write_into", ("getattr", "x", 1))],
+                         ids=["lookup", "call_engine", "getattr", "cell", "call", "write_into"])
+def test_a_request_from_the_host_breaks_the_channel_runs_nothing_and_costs_that_test(pair, op, args):
+    """Learner code owning the host sends the judge a request while the judge waits for an answer: the
+    judge serves none (whatever it names), the call in flight fails with OutOfTurn, and the channel stays
+    broken until both processes start again (the grader restarts them for the next test)."""
+    judge, host, objects = pair
     learner = judge.request("lookup", None)["learner"]
-    allocator = BlockAllocator(4)
-    allocator.hook = recorder_of([])                  # a closure of the judge's on an object it hands out
-    learner.take(allocator)
-    routes = [("held", "allocate", "__func__"), ("held", "allocate", "_function"), ("held", "allocate", "__self__"),
-              ("held", "allocate", "_bound", "()"), ("held", "hook"), ("held", "hook", "__closure__"),
-              ("held", "release", "__wrapped__"), ("held", "allocate", "__call__")]
-    found = learner.walk(routes)
-    assert not [r for r, what in found.items() if what.startswith("judge's")], found
-    assert "does not hand the notebook's process its own closure" in found["held.hook"]
-    assert "BlockAllocator.allocate" in found["held.allocate._bound.()"]
-    assert learner.walk([("held", "allocate")]) == {"held.allocate": "_RemoteMethod"}
-    learner.call("allocate", 1)                      # called by name, in the judge
-    assert allocator.num_free == 3
+    objects["learner"].channel = host                 # the host's own end, as learner code owning it has
+    served = []
+    judge.serve = lambda *request: served.append(request)
+    with pytest.raises(OutOfTurn, match="the grader answers none"):
+        learner.ask_the_judge(op, *args)
+    assert served == []
+    with pytest.raises(OutOfTurn):
+        learner.take(1)
+
+
+def test_every_engine_object_a_check_gives_learner_code_is_built_in_the_host():
+    """The checks' helpers build caches, prefix caches, entries, sequences and schedulers in the process
+    the learner's class lives in: the judge holds Remotes of the host's, never the reverse."""
+    with hosted(cache=PagedKVCache, keys=PrefixCache, sched=Scheduler) as remote:
+        cache = made_beside(remote["keys"], PagedKVCache, tiny().config, 8, block_size=4)
+        prefix = made_beside(remote["keys"], PrefixCache, cache)
+        for made in (cache, prefix, prefix.cache, ch07._sequence(remote["sched"], 0, [1, 2, 3]),
+                     ch07._scheduler(remote["sched"], num_blocks=8, prefix=True)):
+            assert type(made) is Remote and made._info["owner"] == "L", made
+        for check in (ch05.check_matches, ch05.check_attach):
+            passes(check, remote["keys"])
 
 
 # ---- the checks' recorders run where the learner's objects live, and come back as data ----------------------
@@ -176,18 +184,15 @@ def test_a_record_that_is_not_plain_data_fails_the_check_that_reads_it():
 PROBE = '''
 
 def _reached_the_grader(value):
-    """What of the grader's code `value` is a handle to, or None."""
-    if type(value).__name__ != "Remote":
+    """What of the grader's `value` is a handle to, or None: in the host, any Remote is the grader's."""
+    if type(value).__name__ != "Remote" and type(value).__name__ != "_RemoteMethod":
         return None
-    info = value._info
-    kind = (info.get("type") or ["", ""])[1]
-    if info.get("owner") == "T" and (info.get("is_class") or kind in (
-            "function", "method", "builtin_function_or_method", "method-wrapper", "partial", "type")):
-        return f"{kind} {info.get('name')}"
-    return None
+    return f"{type(value).__name__} {getattr(value, '_info', {}).get('type')}"
 
 
-GRADER_ROUTES = [("publish",), ("preempt",), ("reserve_or_preempt",), ("publish", "_bound", "()"),
+GRADER_ROUTES = [(), ("cache",), ("cache", "allocator"), ("prefix",), ("prefix", "cache"), ("running",),
+                 ("waiting",), ("config",), ("cache", "tables"),
+                 ("publish",), ("preempt",), ("reserve_or_preempt",), ("publish", "_bound", "()"),
                  ("cache", "swap_out"), ("cache", "swap_out", "_function"), ("cache", "swap_out", "__func__"),
                  ("cache", "swap_out", "_bound", "()"), ("cache", "swap_in", "_bound", "()"),
                  ("cache", "allocator", "allocate", "_bound", "()"), ("prefix", "publish", "_bound", "()"),
@@ -195,7 +200,11 @@ GRADER_ROUTES = [("publish",), ("preempt",), ("reserve_or_preempt",), ("publish"
 
 
 def _probe_the_grader(sched):
-    """Every route to the grader's code that learner code took: what it reaches costs this exercise."""
+    """Every route to the grader that learner code took: what it reaches costs this exercise."""
+    for seq in list(sched.running) + list(sched.waiting):
+        for name in ("request", "tokens", "generator"):
+            if _reached_the_grader(getattr(seq, name, None)):
+                raise RuntimeError(f"seq.{name} reached the grader")
     for route in GRADER_ROUTES:
         value = sched
         try:

@@ -329,6 +329,14 @@ def where_it_lives(fn: Callable) -> Callable:
     return wrapper
 
 
+@where_it_lives
+def made_beside(anchor, make: Callable, *args, **kwargs):
+    """make(*args, **kwargs), an engine class or function, called where `anchor` lives. In the grader an
+    object that learner code will hold (a prefix cache over the learner's cache, the scheduler's
+    sequences) is built in the learner's process from its own engine copy: the grader sends data only."""
+    return make(*args, **kwargs)
+
+
 def check(fn: Callable) -> Callable:
     """Make a check report unfinished or crashing learner code as a plain `CheckFailed`."""
 

@@ -15,7 +15,8 @@ import torch
 
 from engine.cache.errors import OutOfBlocks
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, chosen_letter, compare_logits, continuations,
-                           expect_equal, expect_raises, fail, passed, review_number, shows_text, tiny)
+                           expect_equal, expect_raises, fail, passed, review_number, shows_text, tiny,
+                           where_it_lives)
 from engine.checks.compose import naming_earlier, one_class
 from engine.checks.recording import calls as recorded
 from engine.checks.recording import record_copy_on_write
@@ -42,7 +43,14 @@ def shuffled_allocator(num_blocks: int, seed: int):
 def _cache(cls, num_blocks: int, block_size: int, seed: int = 0):
     """The learner's cache over the tiny model's shape; attention="reference" runs update, so write and
     gather are the learner's whatever device the check runs on."""
-    return cls(tiny().config, num_blocks, block_size=block_size, dtype=torch.float32, device="cpu",
+    return _built(cls, tiny().config, num_blocks, block_size, seed)
+
+
+@where_it_lives
+def _built(cls, config, num_blocks: int, block_size: int, seed: int):
+    """cls over `config` with a scrambled allocator, built where the class lives: in the grader, the
+    learner's process builds it, allocator included, from its own engine (the grader hands it data only)."""
+    return cls(config, num_blocks, block_size=block_size, dtype=torch.float32, device="cpu",
                allocator=shuffled_allocator(num_blocks, seed), attention="reference")
 
 
@@ -705,9 +713,7 @@ def written_out(cls, block_size: int, seed: int = 0):
     """A run for continuations: the trained model's prompt through the learner's composed cache class,
     its free list scrambled as in the milestone (a cache that ignores its table writes elsewhere)."""
     def make(config, tokens: int):
-        blocks = 2 * ceil_div(tokens, block_size) + 1
-        return cls(config, blocks, block_size=block_size, dtype=torch.float32, device="cpu",
-                   allocator=shuffled_allocator(blocks, seed), attention="reference")
+        return _built(cls, config, 2 * ceil_div(tokens, block_size) + 1, block_size, seed)
     return continuations.plain_run(make)
 
 

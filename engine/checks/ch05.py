@@ -11,6 +11,7 @@ with a from-scratch run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import random
 import traceback
@@ -20,7 +21,8 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.cache.prefix import Entry
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, continuations, expect_equal,
-                           expect_raises, fail, passed, review_choice, review_number, served, shows_text, tiny)
+                           expect_raises, fail, made_beside, passed, review_choice, review_number, served, shows_text,
+                           tiny, where_it_lives)
 from engine.checks.compose import naming_earlier_pieces, one_class, together, written_later
 from engine.checks.recording import constant_hash   # made where cls lives: no function of the grader's
 from engine.generate import cached_step, scratch_logits
@@ -63,8 +65,17 @@ PARENT_KEY = ("entry.parent is the parent's key (an int, or None for a first blo
 
 # ---- helpers ---------------------------------------------------------------------------------------
 
-def _cache(num_blocks: int = 32, block_size: int = BS):
-    return PagedKVCache(tiny().config, num_blocks, block_size=block_size, dtype=torch.float32)
+def _prefix(cls, hash_fn=None, num_blocks: int = 32, block_size: int = BS):
+    """cls over a fresh PagedKVCache of the tiny model's shape (with `hash_fn`, when given)."""
+    return _built(cls, tiny().config, num_blocks, block_size, hash_fn)
+
+
+@where_it_lives
+def _built(cls, config, num_blocks: int, block_size: int, hash_fn):
+    """_prefix's work, where cls lives: in the grader the learner's process builds the cache and the
+    prefix cache from its own engine, and the grader holds them as the learner's objects."""
+    cache = PagedKVCache(config, num_blocks, block_size=block_size, dtype=torch.float32)
+    return cls(cache) if hash_fn is None else cls(cache, hash_fn=hash_fn)
 
 
 def _serve(prefix, seq: int, prompt: list[int], salt=None) -> tuple[int, float]:
@@ -130,7 +141,7 @@ def combine(keys, attach, remember, evict):
 
 def _diagnose_keys(cls) -> str | None:
     """Name the way a chain's keys go wrong, or None when they do not (computed without the model)."""
-    prefix = cls(_cache())
+    prefix = _prefix(cls)
     a, b, x = seeded_tokens(BS, 1), seeded_tokens(BS, 2), seeded_tokens(BS, 3)
     after_a, after_b = list(prefix.chain(a + x)), list(prefix.chain(b + x))
     if len(after_a) == 2 and len(after_b) == 2 and after_a[1][0] == after_b[1][0]:
@@ -150,7 +161,7 @@ def check_chain(cls) -> None:
     cls = your_pieces(cls, latest="Keys")        # with the later pieces written, whose methods serving runs
     for length in (2 * BS + 3, 3 * BS, BS - 1, 1):
         tokens = seeded_tokens(length, seed=4)
-        prefix = cls(_cache())
+        prefix = _prefix(cls)
         got = list(prefix.chain(tokens))
         full = length // BS
         if len(got) != full:
@@ -180,11 +191,11 @@ def check_chain(cls) -> None:
     if why:
         fail("chain() of A + X and of B + X (X the same block text after different blocks A and B), "
              "or of one prompt under two salts", hint=why)
-    collide = cls(_cache(), hash_fn=constant_hash(cls, 7))
+    collide = _prefix(cls, hash_fn=constant_hash(cls, 7))
     keys = [k for k, *_ in collide.chain(seeded_tokens(2 * BS, 5))]
     expect_equal(keys, [7, 7], "chain() with hash_fn always returning 7: the keys",
                  "compute each key with self.hash_fn, so a cache can be built with another hash")
-    extra = [e for *_, e in cls(_cache()).chain(seeded_tokens(2 * BS, 6), salt="t", extra_keys=("lora",))]
+    extra = [e for *_, e in _prefix(cls).chain(seeded_tokens(2 * BS, 6), salt="t", extra_keys=("lora",))]
     if not all("lora" in e for e in extra):
         fail("chain(..., extra_keys=('lora',)): the extra keys of each block", "'lora' in every block's extra",
              extra, "extra keys (an adapter id, say) change every block's K/V: put them in every block")
@@ -201,7 +212,7 @@ def check_chain(cls) -> None:
     # Served: both histories keep hitting (the engine's attach and remember use this chain).
     with served("serving A+X and B+X", proved, f"A+X and B+X each keep reusing all {2 * BS} tokens of their "
                 "two full blocks when served"):
-        prefix = cls(_cache())
+        prefix = _prefix(cls)
         a, b, x = seeded_tokens(BS, 7), seeded_tokens(BS, 8), seeded_tokens(BS, 9)
         reused = []
         for seq, prompt in enumerate([a + x + [1], b + x + [2], a + x + [3], b + x + [4]]):
@@ -221,7 +232,7 @@ def check_matches(cls) -> None:
     """matches(entry, parent, tokens, extra) is True only when the entry was computed from exactly this
     parent, these tokens and these extra keys: equal keys may still collide."""
     cls = your_pieces(cls, latest="Keys")
-    entry = Entry(key=7, block=3, parent=11, tokens=(1, 2, 3, 4), extra=("t",))
+    entry = made_beside(cls, Entry, key=7, block=3, parent=11, tokens=(1, 2, 3, 4), extra=("t",))
     cases = [((11, (1, 2, 3, 4), ("t",)), True, "the very block it was computed for"),
              ((12, (1, 2, 3, 4), ("t",)), False, "the parent key must match too"),
              ((None, (1, 2, 3, 4), ("t",)), False, "the parent key must match too"),
@@ -236,7 +247,7 @@ def check_matches(cls) -> None:
     proved.note("a hit needs the same parent, tokens and extra keys")
     # Served with a hash under which every block collides: a lookup must verify, not trust the key.
     with served("serving colliding keys", proved, "colliding keys are misses when served"):
-        prefix = cls(_cache(), hash_fn=constant_hash(cls, 0))
+        prefix = _prefix(cls, hash_fn=constant_hash(cls, 0))
         first, other = seeded_tokens(2 * BS + 1, 10), seeded_tokens(2 * BS + 1, 11)
         _serve(prefix, 0, first)
         reused, gap = _serve(prefix, 1, other)
@@ -259,7 +270,7 @@ def check_attach(cls, *earlier) -> None:
 
 def _check_attach(cls) -> None:
     """check_attach's work, on the learner's pieces as one class."""
-    prefix = cls(_cache())
+    prefix = _prefix(cls)
     cache = prefix.cache
     shared = seeded_tokens(2 * BS, 12)
     expect_equal(prefix.attach(0, shared + [1]), 0, "attach to an empty cache: tokens reused",
@@ -336,7 +347,7 @@ def _check_attach(cls) -> None:
 def _check_undone_admissions(cls) -> None:
     """Through the engine's scheduler: a request that hits but cannot fit is attached and undone,
     step after step; only the admission that stands may count."""
-    cache = PagedKVCache(tiny().config, 11, block_size=BS)
+    cache = made_beside(cls, PagedKVCache, tiny().config, 11, block_size=BS)
     engine = Engine(tiny(), cache, prefix_caching=False)
     prefix = engine.scheduler.prefix = cls(cache)
     shared = seeded_tokens(2 * BS, 13)
@@ -363,7 +374,7 @@ def check_remember(cls, *earlier) -> None:
 
 def _check_remember(cls) -> None:
     """check_remember's work, on the learner's pieces as one class."""
-    prefix = cls(_cache())
+    prefix = _prefix(cls)
     cache = prefix.cache
     prompt = seeded_tokens(2 * BS + 1, 16)
     prefix.attach(0, prompt)
@@ -413,7 +424,7 @@ def _check_remember(cls) -> None:
             fail(f"the request served from remembered blocks: max |Δ| {gap:.3g} against a cold prefill",
                  hint="publish each block under the key of the tokens it really holds")
         # A hash under which every block collides: nothing may be overwritten.
-        collide = cls(_cache(), hash_fn=constant_hash(cls, 0))
+        collide = _prefix(cls, hash_fn=constant_hash(cls, 0))
         _serve(collide, 0, seeded_tokens(2 * BS + 1, 18))
         expect_equal(sorted(collide.block_keys), collide.cache.tables[0][:1], "with a hash under which every "
                      "block collides: the blocks published by one remember", "a key taken by a different "
@@ -425,7 +436,7 @@ def _check_remember(cls) -> None:
 
 def _eviction_setup(cls):
     """Three prompts: p (chain e1 <- e2 <- e3), q (e1 <- f2), p again; every sequence still live."""
-    prefix = cls(_cache(32))
+    prefix = _prefix(cls, num_blocks=32)
     p = seeded_tokens(3 * BS + 1, 19)
     q = p[:BS] + seeded_tokens(BS + 1, 20)
     for seq, prompt in enumerate((p, q, p)):
@@ -525,7 +536,7 @@ def _check_evict(cls) -> None:
     expect_equal(cache.allocator.num_free, cache.num_blocks, "after evicting everything: free blocks",
                  "forget() releases the cache's reference on the block")
     # A parent left childless goes to the front: chain g1 <- g2 released before h1.
-    prefix = cls(_cache(32))
+    prefix = _prefix(cls, num_blocks=32)
     g, h = seeded_tokens(2 * BS + 1, 23), seeded_tokens(BS + 1, 24)
     for seq, prompt in enumerate((g, h)):
         _serve(prefix, seq, prompt)
@@ -535,7 +546,7 @@ def _check_evict(cls) -> None:
     names = {g1: "g1", g2: "g2", h1: "h1"}
     order = [names.get(b, b) for b in _evict_one_by_one(prefix)]
     # evict takes as many as it needs, not one per call.
-    again = cls(_cache(32))
+    again = _prefix(cls, num_blocks=32)
     for seq, prompt in enumerate((g, h)):
         _serve(again, seq, prompt)
         again.cache.free(seq)
@@ -553,7 +564,7 @@ def _check_evict(cls) -> None:
         fail("after evicting everything, the cache still has entries", hint="forget() removes every trace of "
              "the entry: its key in self.entries, its block in self.block_keys and its place in self.lru")
     # An evicted block that is reused must not be found under its old key.
-    prefix = cls(_cache(4))
+    prefix = _prefix(cls, num_blocks=4)
     cache = prefix.cache
     old = seeded_tokens(BS + 1, 21)
     _serve(prefix, 0, old)
@@ -577,7 +588,7 @@ def _check_evict(cls) -> None:
 
 def prefix_demo(cls) -> dict:
     """The seed's demo through `cls`: 8 requests sharing a 96-token system prompt, 8 tokens each."""
-    return run_prefix_demo(prefix_class=cls)
+    return run_prefix_demo(prefix_class=cls, make_cache=functools.partial(made_beside, cls, PagedKVCache))
 
 
 def _diagnose_pieces(cls) -> str | None:
@@ -609,7 +620,7 @@ def _milestone_run(cls, block_size: int, seed: int):
               + [system + [rng.randrange(256) for _ in range(n)] for n in lengths])
     steps = 20
     # A pool that holds the second wave only if cached blocks are evicted and sequences preempted.
-    cache = PagedKVCache(tiny().config, num_blocks=4 * ceil_div(3 * bs + steps, bs), block_size=bs)
+    cache = made_beside(cls, PagedKVCache, tiny().config, num_blocks=4 * ceil_div(3 * bs + steps, bs), block_size=bs)
     engine = Engine(tiny(), cache, prefix_caching=False, keep_logits=True)
     prefix = engine.scheduler.prefix = cls(cache)
     params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
@@ -642,8 +653,8 @@ def served_text(cls, block_size: int = BS):
 
     def run(model, prompt: list[int], tokens: int) -> list[int]:
         bs, other = block_size, ByteTokenizer().encode("Each block holds the rest of it")
-        cache = PagedKVCache(model.config, ceil_div(len(prompt) + tokens, bs) + ceil_div(len(prompt), bs) + 4,
-                             block_size=bs)
+        cache = made_beside(cls, PagedKVCache, model.config,
+                            ceil_div(len(prompt) + tokens, bs) + ceil_div(len(prompt), bs) + 4, block_size=bs)
         engine = Engine(model, cache, prefix_caching=False)
         engine.scheduler.prefix = cls(cache)
         for wave in (prompt[:bs] + other[bs:], other[:bs] + prompt[bs:], prompt):

@@ -9,14 +9,19 @@ both inside the real engine under memory pressure and compares every logit with 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import io
+import itertools
 
 import torch
 
 from engine.cache.paged import PagedKVCache
+from engine.cache.protocol import PagedCache, implements
 from engine.cache.prefix import PrefixCache
 from engine.checks import (ATOL, CheckFailed, Proved, ceil_div, check, compare_logits, continuations, expect_equal,
-                           expect_raises, fail, passed, review_choice, review_number, served, shows_text, tiny)
+                           expect_raises, fail, made_beside, passed, review_choice, review_number, served, shows_text,
+                           tiny, where_it_lives)
 from engine.checks.compose import naming_earlier_pieces, one_class, written_later
 from engine.checks.recording import calls as recorded
 from engine.checks.recording import record_preemption, record_publish, record_swap_out
@@ -52,16 +57,19 @@ def _status(seq) -> str:
     return getattr(seq.status, "value", seq.status)
 
 
-def _sequence(seq_id: int, tokens: list[int], max_tokens: int = 8, n: int = 1, seed: int = 0):
-    """A Sequence of a fresh one-sample request whose prompt is `tokens`."""
+@where_it_lives
+def _sequence(sched, seq_id: int, tokens: list[int], max_tokens: int = 8, n: int = 1, seed: int = 0):
+    """A Sequence of a fresh one-sample request whose prompt is `tokens`, made where `sched` lives."""
     request = Request(seq_id, list(tokens), SamplingParams(max_tokens=max_tokens, ignore_eos=True), seed, n)
     seq = Sequence(seq_id, request, list(tokens), make_generator(seed))
     request.sequences.append(seq)
     return seq
 
 
+@where_it_lives
 def _scheduler(cls, num_blocks: int, block_size: int = 4, prefix: bool = False, cache_cls=PagedKVCache, **config):
-    """The learner's scheduler over a fresh PagedKVCache (or `cache_cls`) of the tiny model (and a prefix cache)."""
+    """The learner's scheduler over a fresh PagedKVCache (or `cache_cls`) of the tiny model (and a prefix
+    cache), made where cls lives: in the grader, the learner's process builds all of it from its own engine."""
     cache = cache_cls(tiny().config, num_blocks, block_size=block_size)
     prefix_cache = None
     if prefix:
@@ -90,7 +98,7 @@ def _admit_first_chunk(cls, proved: Proved) -> None:
     """On an empty pool: the chunk returned, its room reserved, the sequence running."""
     for bs, prompt_len, budget in ((4, 10, 6), (4, 10, 64), (8, 17, 9), (2, 5, 5)):
         sched = _scheduler(cls, num_blocks=16, block_size=bs)
-        seq = _sequence(1, seeded_tokens(prompt_len, seed=prompt_len))
+        seq = _sequence(sched, 1, seeded_tokens(prompt_len, seed=prompt_len))
         sched.add(seq)
         want = min(prompt_len, budget)
         got = sched.admit(seq, budget)
@@ -115,8 +123,8 @@ def _crowded_admit(cls, num_blocks: int, prompt_len: int, max_tokens: int):
     """admit(seq, 64) of a prompt beside one running 20-token sequence (blocks of 4, margin 2):
     (scheduler, sequence, the state before, what admit returned)."""
     sched = _scheduler(cls, num_blocks=num_blocks, block_size=4)
-    _run_prefill(sched, _sequence(0, seeded_tokens(20, seed=3)))
-    seq = _sequence(1, seeded_tokens(prompt_len, seed=prompt_len), max_tokens=max_tokens)
+    _run_prefill(sched, _sequence(sched, 0, seeded_tokens(20, seed=3)))
+    seq = _sequence(sched, 1, seeded_tokens(prompt_len, seed=prompt_len), max_tokens=max_tokens)
     sched.add(seq)
     before = _snapshot(sched)
     return sched, seq, before, sched.admit(seq, 64)
@@ -167,12 +175,12 @@ def _admit_reuses_the_prefix(cls, proved: Proved) -> None:
     """Cached prefix tokens are not prefilled nor counted as needed; unused cached blocks are evicted."""
     sched = _scheduler(cls, num_blocks=6, block_size=4, prefix=True)
     shared = seeded_tokens(12, seed=7)
-    first = _sequence(0, shared + [1, 2])
+    first = _sequence(sched, 0, shared + [1, 2])
     _run_prefill(sched, first)
     sched.publish(first)
     sched.finish(first, "length")                           # 3 full blocks stay cached, unused
-    filler = _sequence(2, seeded_tokens(20, seed=8))
-    seq = _sequence(1, shared + [9, 9, 9])
+    filler = _sequence(sched, 2, seeded_tokens(20, seed=8))
+    seq = _sequence(sched, 1, shared + [9, 9, 9])
     sched.add(seq)
     stats = dict(sched.prefix_stats)
     got = sched.admit(seq, 64)
@@ -249,7 +257,7 @@ def _check_choose_victim(cls) -> None:
     """check_choose_victim's work, on the learner's pieces as one class."""
     for count in (2, 3, 5):
         sched = _scheduler(cls, num_blocks=4)
-        sched.running = [_sequence(i, [i]) for i in range(count)]
+        sched.running = [_sequence(sched, i, [i]) for i in range(count)]
         for done in range(count):
             scheduled = {count - 1 - j for j in range(done)}
             got = sched.choose_victim(scheduled)
@@ -268,7 +276,7 @@ def _check_choose_victim(cls) -> None:
     # Admission order is not id order: a re-admitted or swapped-in sequence is appended to self.running.
     order = (3, 0, 4, 1)
     sched = _scheduler(cls, num_blocks=4)
-    sched.running = [_sequence(i, [i]) for i in order]
+    sched.running = [_sequence(sched, i, [i]) for i in order]
     for scheduled in (set(), {1}, {1, 4}):
         eligible = [i for i in order if i not in scheduled]
         got = sched.choose_victim(scheduled)
@@ -284,7 +292,7 @@ def _check_choose_victim(cls) -> None:
 
 def _preempt_case(cls, mode: str, prefix: bool = False, cache_cls=PagedKVCache, **config):
     sched = _scheduler(cls, num_blocks=16, block_size=4, prefix=prefix, cache_cls=cache_cls, preemption=mode, **config)
-    old, new = _sequence(0, seeded_tokens(9, seed=1)), _sequence(1, seeded_tokens(10, seed=2))
+    old, new = _sequence(sched, 0, seeded_tokens(9, seed=1)), _sequence(sched, 1, seeded_tokens(10, seed=2))
     for seq in (old, new):
         _run_prefill(sched, seq)
         seq.tokens.append(5)                 # one sampled token, not yet computed
@@ -426,11 +434,11 @@ def _check_reserve_or_preempt(cls) -> None:
 
     def crowded():
         sched = _scheduler(cls, num_blocks=11, block_size=4, prefix=True, preemption="recompute")
-        done = _sequence(9, seeded_tokens(4, seed=9) + [1])
+        done = _sequence(sched, 9, seeded_tokens(4, seed=9) + [1])
         _run_prefill(sched, done)
         sched.publish(done)
         sched.finish(done, "length")           # 1 full block cached, unused (the 5th token: freed)
-        seqs = [_sequence(i, seeded_tokens(12, seed=20 + i)) for i in range(3)]
+        seqs = [_sequence(sched, i, seeded_tokens(12, seed=20 + i)) for i in range(3)]
         for seq in seqs:
             _run_prefill(sched, seq)           # 3 full blocks each: the next token needs a new block
             seq.tokens.append(7)
@@ -583,11 +591,29 @@ def check_swap(cache_cls, block_size: int = 4) -> None:
 
 # ---- exercise 7.4: n samples, one prefill ----------------------------------------------------------
 
-def _engine(sched_cls, cache, config=None, **kwargs):
-    """The real Engine over `cache`, with the learner's scheduler class in place of the engine's."""
-    engine = Engine(tiny(), cache, config, **kwargs)
-    engine.scheduler = sched_cls(cache, engine.scheduler.config, engine.scheduler.prefix)
+def _engine(sched_cls, cache, config=None, model=None, prefix_caching: bool = True, **kwargs):
+    """The real Engine over `cache` (made with made_beside(sched_cls, ...)), with the learner's scheduler
+    class in place of the engine's. Its scheduler, requests and sequences are made where the learner's
+    class lives (in the grader, the learner's process): the grader's engine holds them, never the reverse."""
+    engine = Engine(model or tiny(), cache, config, prefix_caching=False, **kwargs)
+    prefix = prefix_caching and implements(cache, PagedCache)
+    engine.scheduler = _scheduler_over(sched_cls, cache, dataclasses.asdict(engine.scheduler.config), prefix)
+    engine.make_request = functools.partial(made_beside, engine.scheduler, Request)
+    engine.make_sequence = functools.partial(made_beside, engine.scheduler, Sequence)
+    engine._seq_ids = _new_ids(engine.scheduler)
     return engine
+
+
+@where_it_lives
+def _scheduler_over(sched_cls, cache, config: dict, prefix: bool):
+    """sched_cls over `cache` and SchedulerConfig(**config), with a PrefixCache over the cache when `prefix`."""
+    return sched_cls(cache, SchedulerConfig(**config), PrefixCache(cache) if prefix else None)
+
+
+@where_it_lives
+def _new_ids(sched):
+    """The sequence ids of an engine whose scheduler is `sched`, counted where it lives."""
+    return itertools.count()
 
 
 def _solo(prompt, params, seed, block_size):
@@ -608,7 +634,7 @@ def _check_parallel_sampling(cls, n: int = 4, seed: int = 100) -> None:
     bs = 4
     prompt = seeded_tokens(3 * bs + 1, seed=11)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, ignore_eos=True)
-    cache = PagedKVCache(tiny().config, 32, block_size=bs)
+    cache = made_beside(cls, PagedKVCache, tiny().config, 32, block_size=bs)
     engine = _engine(cls, cache, prefix_caching=False)
     request = engine.add_request(prompt, params, seed=seed, n=n)
     engine.step()
@@ -673,7 +699,7 @@ def pressure_engine(sched_cls, cache_cls, block_size: int = 4, seed: int = 0):
     prompts = [seeded_tokens(n, seed=seed * 100 + i) for i, n in enumerate(lengths)]
     params = SamplingParams(max_tokens=21, ignore_eos=True)
     # Room for the longest request plus 4 blocks; victims of 6 blocks or more swap, shorter ones recompute.
-    cache = cache_cls(tiny().config, ceil_div(4 * bs + 3 + 21, bs) + 4, block_size=bs)
+    cache = made_beside(sched_cls, cache_cls, tiny().config, ceil_div(4 * bs + 3 + 21, bs) + 4, block_size=bs)
     config = SchedulerConfig(max_batched_tokens=4 * bs, margin_blocks=1, watermark=0.0,
                              preemption="auto", swap_min_tokens=6 * bs)
     engine = _engine(sched_cls, cache, config, keep_logits=True)
@@ -791,7 +817,7 @@ def _outputs_match(engine, kept, solos, hint_for) -> None:
         for attempt in range(2):              # the hint (which may replay check_swap) only on a failure
             hint = hint_for(seq) if attempt else None
             try:
-                compare_logits(torch.stack(seq.logits), want, what, first_position=seq.prompt_len - 1,
+                compare_logits(torch.stack(list(seq.logits)), want, what, first_position=seq.prompt_len - 1,
                                hint=hint)
                 expect_equal(request.outputs[0], solo, f"{what}: its output against a solo run", hint)
                 break
@@ -808,11 +834,10 @@ def served_text(sched_cls, cache_cls):
 
     def run(model, prompt: list[int], tokens: int) -> list[int]:
         bs, others = 3, [ByteTokenizer().encode(text) for text in ("A paged KV cache", "Copy-on-write")]
-        cache = cache_cls(model.config, ceil_div(len(prompt) + tokens, bs) + 5, block_size=bs)
+        cache = made_beside(sched_cls, cache_cls, model.config, ceil_div(len(prompt) + tokens, bs) + 5, block_size=bs)
         config = SchedulerConfig(max_batched_tokens=4 * bs, margin_blocks=1, watermark=0.0, preemption="auto",
                                  swap_min_tokens=len(prompt) + 3)
-        engine = Engine(model, cache, config)
-        engine.scheduler = sched_cls(cache, engine.scheduler.config, engine.scheduler.prefix)
+        engine = _engine(sched_cls, cache, config, model=model)
         return continuations.served(engine, others + [prompt], tokens)[-1]
 
     return run

@@ -19,7 +19,7 @@ import torch
 import engine.checkpoint  # noqa: F401  (tiny() builds the model with it: imported before any cell)
 from engine.cache.prefix import PrefixCache
 from engine.checks import (CheckFailed, ceil_div, check, compare_logits, continuations, expect_equal, fail, passed,
-                           review_choice, review_number, shows_text, tiny, where_it_lives)
+                           made_beside, review_choice, review_number, shows_text, tiny, where_it_lives)
 from engine.generate import cached_step, scratch_logits
 from engine.seeded import seeded_tokens
 
@@ -542,7 +542,7 @@ def check_sharing_keeps_scales(cls, block_size: int = 4) -> None:
     step([0, 1], {0: [3], 1: [4]}, "after the child was swapped out and back in")
 
     # The prefix cache: a second request reuses the first one's full blocks, scales included.
-    prefix = PrefixCache(cache)
+    prefix = made_beside(cache, PrefixCache, cache)
     prompt = seeded_tokens(3 * bs, seed=23)
     cache.create(5)
     step([5], {5: prompt}, "a 3-block prompt")

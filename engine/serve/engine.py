@@ -141,6 +141,8 @@ class Engine:
         self.upcoming: list[tuple[float, int, Sequence]] = []  # heap of requests not yet arrived
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
+        # What requests and sequences are made by: the grader makes them where the learner's scheduler lives.
+        self.make_request, self.make_sequence = Request, Sequence
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, prompt: list[int], params: SamplingParams | None = None, seed: int | None = None,
@@ -172,12 +174,12 @@ class Engine:
             check_prompt_ids(prompt, self.vocab_size, what)
         self.scheduler.check_fits(request_id, len(prompt), params.max_tokens)   # every check before any change
         later = arrival is not None and arrival > self.now
-        request = Request(request_id, list(prompt), params, seed, n,
-                          arrival=self.now if arrival is None else arrival)
+        request = self.make_request(request_id, list(prompt), params, seed, n,
+                                    arrival=self.now if arrival is None else arrival)
         self.requests[request_id] = request
         if params.max_tokens == 0:
             return request
-        seq = Sequence(next(self._seq_ids), request, list(prompt), make_generator(seed))
+        seq = self.make_sequence(next(self._seq_ids), request, list(prompt), make_generator(seed))
         request.sequences.append(seq)
         if later:
             heapq.heappush(self.upcoming, (arrival, seq.seq_id, seq))

@@ -19,16 +19,18 @@ from engine.seeded import seeded_tokens
 
 def run(requests: int = 8, system_tokens: int = 96, own_tokens: int = 8, block_size: int = 16,
         seed: int = 0, prefix_class=PrefixCache, model=None,
-        tokens: Callable[[int, int], list[int]] = seeded_tokens) -> dict:
+        tokens: Callable[[int, int], list[int]] = seeded_tokens, make_cache: Callable = PagedKVCache) -> dict:
     """Serve the requests one after another through a PrefixCache (or `prefix_class`, chapter 5's
     checks pass the learner's) over a PagedKVCache and `model` (the tiny seeded one of `seed` unless
     given). `tokens(n, seed)` makes n prompt ids: the system prompt's with `seed`, request i's own with
-    seed + 1 + i (seeded ids unless given; `python -m engine prefix` gives the trained model's text)."""
+    seed + 1 + i (seeded ids unless given; `python -m engine prefix` gives the trained model's text).
+    `make_cache(config, num_blocks, block_size=...)` builds the cache (the grader builds it beside the
+    learner's class)."""
     model = model if model is not None else tiny_model(seed=seed)
     system = tokens(system_tokens, seed)
     prompts = [system + tokens(own_tokens, seed + 1 + i) for i in range(requests)]
     num_blocks = sum(blocks_needed(len(p), block_size) for p in prompts)     # enough even without sharing
-    cache = PagedKVCache(model.config, num_blocks, block_size=block_size)
+    cache = make_cache(model.config, num_blocks, block_size=block_size)
     prefix = prefix_class(cache)
 
     prefilled, last_logits = 0, []

@@ -9,7 +9,6 @@ kernel is interrupted or restarted, the cells that had run cleanly are replayed,
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import shutil
@@ -175,8 +174,7 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
     environ = env if env is not None else offline_cpu_environ({"COURSE_EXPLORERS": "static", "MPLBACKEND": "Agg"})
     from engine.course.grading.sealed.judge import needed_cells
     worker_plan = dict(plan.for_worker(), judge_cells=sorted(needed_cells(
-        [(cell_kind(c), cells.grade_id(c), c.source) for c in to_run if c.cell_type == "code"])),
-        stubbed=stubbed_in_host(chapter_path))
+        [(cell_kind(c), cells.grade_id(c), c.source) for c in to_run if c.cell_type == "code"])))
     from engine.course.authoring.edition import host_engine
     home = host_engine(chapter_path)
     names = cell_names(to_run)
@@ -215,28 +213,6 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
     if probing:
         flags.append("uses " + ", ".join(probing))
     return SealedRun(to_run, failed_above, flags, changes)
-
-
-def stubbed_in_host(chapter_path: Path) -> list[list[str]]:
-    """[module, qualname] of every body the host's engine stubs for this chapter (edition.host_engine:
-    the taught code of this chapter and of every later one): the judge runs none of them for the host."""
-    root = repo_root()
-    if not (root / "solutions").is_dir():
-        return []                     # a student edition: the judge's own engine holds the stubs
-    stamps = tuple((str(p), p.stat().st_mtime_ns) for p in chapter_files(root / "solutions"))
-    return [list(k) for k in _stubbed(str(Path(chapter_path).resolve()), stamps)]
-
-
-@functools.lru_cache(maxsize=64)
-def _stubbed(chapter_path: str, stamps: tuple) -> tuple:
-    from engine.course.authoring.include import taught
-    from engine.course.paths import assignment_id
-    every = {assignment_id(Path(p)): Path(p) for p, _ in stamps}
-    chapter = assignment_id(Path(chapter_path))
-    every.setdefault(chapter, Path(chapter_path))
-    return tuple(sorted({(engine_file.removesuffix(".py").replace("/", "."), qualname)
-                         for chapter_id, path in every.items() if chapter_id >= chapter
-                         for engine_file, qualname in taught(path)}))
 
 
 AGAIN = "(run again after the last cell, with every exercise of the chapter written)\n"

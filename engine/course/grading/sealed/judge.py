@@ -18,91 +18,24 @@ from __future__ import annotations
 
 import ast
 import builtins
-import enum
 import hashlib
 import hmac
 import inspect
-import itertools
 import json
 import os
-import random
 import signal
 import socket
 import sys
 import time
 import types
 
-import torch
 
 from engine.course.grading.sealed.host import (TRUSTED_PREFIX, _Capture, _error_output, _names_bound, _names_read,
                                                _stream_outputs, named)
 from engine.course.cells import python_source
 from engine.course.grading.sealed import decide, kernels, likeness
 from engine.course.grading.sealed.kernelbox import KernelBox, sandboxed_kernel
-from engine.course.grading.sealed.remote import Channel, RemoteGone, TaughtBodyRefused, TooLarge, TooSlow
-
-_SHAREABLE_MODULES = ("engine.",)      # the judge hands the host references only to objects of these
-_HARMLESS = (itertools.count, random.Random, torch.Generator)   # ... and to these, which reach nothing
-_PLAIN_DUNDERS = {"__name__", "__qualname__", "__doc__", "__module__"}   # strings, readable by graded code
-
-
-def _engine_object(value) -> bool:
-    """Objects the host may hold a reference to: instances of the engine's own classes, their methods
-    the engine defines (not those inherited from torch: a module's hooks or load_state_dict would let
-    learner code into the judge's own forward passes), and the engine's functions and classes."""
-    if isinstance(value, _HARMLESS):
-        return True
-    if isinstance(value, types.BuiltinMethodType) and type(getattr(value, "__self__", None)) in (list, dict, set):
-        return True                       # a method of a list or dict a check's object holds
-    if isinstance(value, types.MethodType):
-        return _from_engine(value.__func__) and _from_engine(type(value.__self__))
-    if isinstance(value, types.ModuleType):
-        return False
-    return _from_engine(value if isinstance(value, (type, types.FunctionType)) else type(value))
-
-
-def _from_engine(owner) -> bool:
-    module = getattr(owner, "__module__", "")
-    return isinstance(module, str) and module.startswith(_SHAREABLE_MODULES)
-
-
-def guard(op: str, target, args: list) -> None:
-    """What the host may ask of the judge's objects: public attributes and calls on what a check handed
-    it; an attribute it sets holds data (a method or property of the class is never replaced)."""
-    if target is None:
-        raise PermissionError("the grader answers requests on the objects it handed out only")
-    if op == "write_into" and args[0] == "getattr":
-        op, args = "getattr", args[1:]
-    if op == "callmethod":                # obj.name(...): the attribute read is what is guarded
-        op, args = "getattr", args[:1]
-    if op in ("getattr", "setattr", "delattr"):
-        name = args[0]
-        if not isinstance(name, str) or (name.startswith("_") and not (op == "getattr" and name in _PLAIN_DUNDERS)):
-            raise PermissionError(f"the grader's objects do not show {name!r} to graded code")
-        declared = inspect.getattr_static(type(target), name, None)
-        if op == "getattr" and isinstance(declared, property):
-            refuse_taught(declared.fget)
-        if op != "getattr" and (callable(declared) or hasattr(declared, "__get__")) and not isinstance(
-                declared, (int, float, str, enum.Enum)):
-            raise PermissionError(f"graded code may not replace {type(target).__name__}.{name} of the grader's "
-                                  "objects")
-
-
-STUBBED: set = set()          # (module, qualname) of every body the host's engine stubs (set per judge)
-REFUSED: set = set()          # the qualnames of those the host asked the judge to run, this test
-
-
-def refuse_taught(function) -> None:
-    """Refuse to run, for the host, an engine body its own engine copy stubs (this chapter's taught
-    code and later chapters'): a request for it raises TaughtBodyRefused, a NotImplementedError that
-    the checks read as "not written yet" (the judge knows it refused it: `_unwritten`)."""
-    inner = getattr(function, "__func__", function)
-    key = (getattr(inner, "__module__", None), getattr(inner, "__qualname__", None))
-    if key in STUBBED:
-        REFUSED.add(key[1])
-        raise TaughtBodyRefused(f"{key[1]} is taught in this course: the grader does not run its own {key[1]} for "
-                                "your code (write yours, on your own class)", key[1])
-
+from engine.course.grading.sealed.remote import Channel, OutOfTurn, RemoteGone, TooLarge, TooSlow
 
 def defined_in_text(qualname: str, sources: list[str]) -> bool:
     """Whether a learner cell's text defines `qualname` with def: a function of that name, or, for
@@ -128,10 +61,10 @@ def _unwritten_body(definition) -> bool:
 
 
 def _unwritten(taught: set, sources: list[str]):
-    """The judge's own answer to "is `qualname` not written yet?" (for the checks' `served`): a body it
-    refused to run for the host during this test, or one of this chapter's taught names that no learner
-    cell defines. What the host says of an exception it raised is never asked."""
-    return lambda qualname: qualname in REFUSED or (qualname in taught and not defined_in_text(qualname, sources))
+    """The judge's own answer to "is `qualname` not written yet?" (for the checks' `served`): one of this
+    chapter's taught names that no learner cell defines. What the host says of an exception it raised
+    is never asked."""
+    return lambda qualname: qualname in taught and not defined_in_text(qualname, sources)
 
 
 def _edition_notebook() -> dict | None:
@@ -197,10 +130,6 @@ def serve(command_fd: int, result_fd: int, host_fd: int, kernel_fd: int | None =
 
 def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
     channel = Channel(socket.socket(fileno=host_fd), "T")
-    channel.guard = guard
-    channel.screen = _engine_object
-    channel.call_guard = refuse_taught
-    STUBBED.update(tuple(k) for k in plan.pop("stubbed", []) if isinstance(k, list) and len(k) == 2)
     learner_cells: list[str] = []        # every learner cell's text, in order: what "written" is read from
     channel.unwritten = _unwritten({qualname for _, qualname in plan.get("references", [])}, learner_cells)
     try:
@@ -251,7 +180,8 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
                 _shadow_run(shadow, source, name)
         except TooSlow:
             message = {"status": "stuck", "outputs": [budget.exceeded()], "verdict": {}, "refused": []}
-        except TooLarge as bound:     # past a bound: this test earns nothing, both processes start again
+        except (TooLarge, OutOfTurn) as bound:   # past a bound, or a request: this test earns nothing, both
+            # processes start again
             message = {"status": "stuck", "outputs": [_error_output(bound)], "verdict": {}, "refused": []}
         except RemoteGone as gone:
             message = {"status": "dead", "outputs": [_error_output(gone)], "verdict": {}, "refused": []}
@@ -300,7 +230,6 @@ def _run(channel: Channel, namespace: dict, mine: dict, graded: dict, source: st
                 mine.update((n, namespace[n]) for n in _names_bound(source) if n in namespace)
         return {"status": result["status"], "outputs": result["outputs"], "verdict": {},
                 "refused": result.get("refused", [])}
-    REFUSED.clear()
     begin = _checked(channel.request("begin_test", None, source, sorted(_names_read(source) & set(graded)),
                                      budget.cpu), BEGIN_REPLY)
     status, outputs = _run_here(channel, namespace, mine, graded, source, name, built, quiet=False)

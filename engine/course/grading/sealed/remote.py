@@ -1,26 +1,26 @@
-"""Objects of another process, used through a data-only channel: how the judge reaches a learner's code.
+"""The learner's objects, used from the judge through a one-way, data-only channel.
 
 The judge (the grader's checks) and the learner's host (the notebook's cells) are two processes joined by
-one socket. A value crosses it as data: numbers, strings, containers, tensors (their bytes, shape and
-strides), dtypes, the engine's enum members and frozen dataclasses, exceptions (by name, message and
-where they were raised). Anything else stays where it lives and the other side gets a `Remote` for it:
-attribute reads, calls, indexing and iteration on a `Remote` are requests its owner answers. Nothing
-received is ever unpickled or run, so the learner's process can answer a question wrongly but cannot
-make the judge run its code. The judge never hands the host a handle to code of its own (a function,
-method, lambda, closure or class: `_callable_kind`), so learner code holds nothing of the judge's it
-could call back with arguments of its choosing; the engine's classes and functions go by name (the
-host's own copy), a method of an object as the object and the name.
+one socket. Only the judge asks; the host answers. A value crosses as data: numbers, strings, containers,
+tensors (their bytes, shape and strides), dtypes, the engine's enum members and frozen dataclasses,
+exceptions (by name, message and where they were raised), and an engine class or function by its name
+(the host takes its own copy). An object of the host's that is not data stays there and the judge gets
+a `Remote` for it: attribute reads, calls, indexing and iteration on a `Remote` are requests the host
+answers. Nothing received is ever unpickled or run.
+
+The judge sends nothing else: an object of its own is refused as it is encoded (`JudgeObjectRefused`),
+so the host never holds anything of the judge's it could call; an object that learner code needs (a
+cache, a sequence) is built in the host by the checks' `where_it_lives` helpers. A request from the
+host is never served: it breaks the channel (`OutOfTurn`), which costs the test it came in.
 
 A tensor passed in a call is copied back after it, so writes into an output tensor (a kernel's `out`)
-reach the caller's tensor, as in one process. Either side may call the other while a call is pending:
-each side answers requests while it waits for its own reply.
+reach the judge's tensor, as in one process.
 """
 from __future__ import annotations
 
 import base64
 import dataclasses
 import enum
-import functools
 import json
 import os
 import socket
@@ -51,6 +51,15 @@ class TooSlow(RemoteGone):
 class TooLarge(RemoteGone):
     """The other process sent a message past a bound (bytes or values): the test it answered earns
     nothing, and both processes start again."""
+
+
+class OutOfTurn(RemoteGone):
+    """The notebook's process sent the judge a request: the judge answers none, so the test it came in
+    earns nothing, and both processes start again."""
+
+
+class JudgeObjectRefused(PermissionError):
+    """A check tried to hand the notebook's process an object of the judge's: only data crosses."""
 
 
 class RemoteError(Exception):
@@ -113,10 +122,7 @@ class Channel:
         self.methods: dict[int, set] = {}         # the other side's id -> names of its class's methods read
         self.handed: dict[int, dict] = {}         # our object's id -> {name: the class's function read as it}
         self.serve = serve                        # optional hook: serve(request) -> handled reply or None
-        self.guard = None                         # optional: guard(op, target, args) may raise to refuse
-        self.screen = None                        # optional: screen(value) -> False: not handed out
         self.unwritten = lambda qualname: False   # whether this side knows `qualname` is not written yet
-        self.call_guard = None                    # optional: call_guard(callable) may raise to refuse the call
         self.lock = threading.RLock()
         self.next_call = 0
         self.received: list = []                  # (tensor or generator read by attribute, its state, where)
@@ -141,11 +147,10 @@ class Channel:
         if isinstance(value, Remote) and value._channel is self:
             return {"~": "ref", "owner": self.other, "id": value._id}
         if kind is _Live:                 # an attribute's list or dict: its owner was handed out already
-            return self._encode_ref(value.value, screened=False)
+            return self._encode_ref(value.value)
         if kind is _Method:               # a method of an object the other side holds: the object and a name,
             self.handed.setdefault(id(value.target), {})[value.name] = value.function   # never the function
-            return {"~": "method", "owner": self.side, "id": id(value.target), "name": value.name,
-                    "cached": value.cached}
+            return {"~": "method", "owner": self.side, "id": id(value.target), "name": value.name}
         if kind is _RemoteMethod and value._owner._channel is self:   # sent back: the owner's own handed method
             return {"~": "handed", "id": value._owner._id, "name": value._name}
         if self.side == "T" and _by_name(value):
@@ -182,16 +187,11 @@ class Channel:
             fields = {f.name: self.encode(getattr(value, f.name), tensors, depth + 1)
                       for f in dataclasses.fields(value)}
             return {"~": "frozen", "c": _name_of(kind), "v": fields}
+        if self.side == "T":
+            raise JudgeObjectRefused(_not_data(value))
         return self._encode_ref(value)
 
-    def _encode_ref(self, value, screened: bool = True) -> dict:
-        if isinstance(value, _CALLABLES) and self.call_guard is not None:
-            self.call_guard(value)        # never a handle to a body the guard would refuse to run
-        if self.side == "T" and (kind := _callable_kind(value)) is not None:
-            raise PermissionError(_no_callable(kind))
-        if screened and self.screen is not None and not self.screen(value):
-            raise PermissionError(f"the grader does not hand graded code a {type(value).__name__} "
-                                  "(only data and the engine's own objects)")
+    def _encode_ref(self, value) -> dict:
         self.objects[id(value)] = value
         cls = value if isinstance(value, type) else type(value)
         known = [_name_of(c) for c in cls.__mro__ if _trusted_module(c.__module__) and c is not object]
@@ -273,8 +273,7 @@ class Channel:
             owner = self.remotes.get(data.get("id")) if data.get("owner") == self.other else None
             if owner is None or not isinstance(data.get("name"), str):
                 raise ValueError("a method of an object this side holds no reference to")
-            if data.get("cached") is True:
-                self.methods.setdefault(owner._id, set()).add(data["name"])
+            self.methods.setdefault(owner._id, set()).add(data["name"])
             return _RemoteMethod(owner, data["name"])
         if tag == "handed":
             function = self.handed.get(data.get("id"), {}).get(data.get("name"))
@@ -490,6 +489,10 @@ class Channel:
                 if "error" in message:
                     raise self.decode(message["error"])
                 return self.decode(message["value"])
+            if self.side == "T":          # the judge answers no requests: nothing of it is the host's to call
+                self.broken = OutOfTurn("the notebook's process sent the grader a request; the grader answers "
+                                        "none (only the grader asks, and the notebook's process answers)")
+                raise self.broken
             self.answer(message)
 
     def _timed_receive(self) -> dict:
@@ -528,27 +531,17 @@ class Channel:
         self._send(reply)
 
     def perform(self, op: str, target, args: list, kwargs: dict):
-        """The operation a request names, on this side's object."""
-        if self.guard is not None:
-            self.guard(op, target, args)
+        """The operation a request names, on this side's object (the host's: the judge performs none)."""
         if op == "getattr":
             value = getattr(target, args[0])
-            if len(args) == 1 and not isinstance(target, (type, types.ModuleType)):
-                cached = _class_method(target, args[0], value)
-                if self.side == "T" and not cached and not _own_builtin(target, value) and not _by_name(value) and (
-                        kind := _callable_kind(value)) is not None:
-                    raise PermissionError(_no_callable(kind, f"{type(target).__name__}.{args[0]}"))
-                if cached or (self.side == "T" and isinstance(value, _CALLABLES)):
-                    if self.screen is not None and not self.screen(value):
-                        raise PermissionError(f"the grader does not hand graded code a {type(value).__name__}")
-                    return _Method(target, args[0], value, cached)
+            if len(args) == 1 and not isinstance(target, (type, types.ModuleType)) and \
+                    _class_method(target, args[0], value):
+                return _Method(target, args[0], value)
             return _Live(value) if type(value) in _LIVE_TYPES else value
         if op == "callmethod":            # the method the attribute read gave, called: obj.name(...)
             function = self.handed.get(id(target), {}).get(args[0])
             if function is None:          # only what this side read as target.name, bound to target
                 raise PermissionError("callmethod calls a method of an object read by its name first")
-            if self.call_guard is not None:
-                self.call_guard(function)
             return function(*args[1:], **kwargs)
         if op == "copy":
             return target
@@ -564,8 +557,6 @@ class Channel:
             delattr(target, args[0])
             return None
         if op == "call":
-            if self.call_guard is not None:
-                self.call_guard(target)
             return target(*args, **kwargs)
         if op == "getitem":
             return target[args[0]]
@@ -644,56 +635,28 @@ def _learner_frames(tb) -> list:
 
 
 class _Method:
-    """A method read as `target.name` (bound to target): sent as the object and the name, never the
-    function; `cached` when it is a function of target's class (not set on the object), so the other
-    side can call it later without asking for the attribute again."""
+    """A method of target's class read as `target.name` (bound to target): sent as the object and the
+    name, never the function, so the judge can call it later without asking for the attribute again."""
 
-    __slots__ = ("target", "name", "function", "cached")
+    __slots__ = ("target", "name", "function")
 
-    def __init__(self, target, name: str, function, cached: bool = True):
-        self.target, self.name, self.function, self.cached = target, name, function, cached
-
-
-_CALLABLES = (types.FunctionType, types.MethodType, types.BuiltinFunctionType)
-
-# What the judge never hands the host as a handle: its own code. Learner code holding one could call back
-# into the judge with arguments of its choosing (issue 36 item 2). An engine class or function goes by
-# name instead (the host's own copy of it: the "class" tag), a method of an object the host holds as
-# the object and the name (the class's own function, bound to that object: the "method" tag).
-_JUDGE_CODE = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType,
-               types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
-               types.ClassMethodDescriptorType, types.GetSetDescriptorType, types.MemberDescriptorType,
-               functools.partial, functools.partialmethod, staticmethod, classmethod, property, type)
+    def __init__(self, target, name: str, function):
+        self.target, self.name, self.function = target, name, function
 
 
-def _callable_kind(value) -> str | None:
-    """What `value` is, in words with its module and name ("the function engine.checks.ch07.f.<locals>.g"),
-    when it is code of this side's (a function, method, lambda, closure, class); None for anything else."""
-    if not isinstance(value, _JUDGE_CODE):
-        return None
+def _not_data(value) -> str:
+    """Why the judge refused to send `value`, naming it: a check hands the notebook's process data only."""
     inner = getattr(value, "__func__", None) or getattr(value, "func", None) or value
-    module = getattr(inner, "__module__", None) or getattr(type(inner), "__module__", "?")
-    name = getattr(inner, "__qualname__", None) or getattr(inner, "__name__", None) or type(inner).__name__
-    if isinstance(value, type):
-        what = "class"
-    elif getattr(inner, "__name__", None) == "<lambda>":
-        what = "lambda"
-    elif isinstance(value, types.FunctionType) and value.__closure__:
-        what = "closure"
-    elif isinstance(value, (types.MethodType, types.BuiltinMethodType, types.MethodWrapperType)) and \
-            getattr(value, "__self__", None) is not None and not isinstance(value.__self__, types.ModuleType):
-        what = f"method (of a {type(value.__self__).__name__})"
+    if isinstance(inner, types.ModuleType):
+        what, name = "module", inner.__name__
+    elif isinstance(inner, (type, types.FunctionType, types.BuiltinFunctionType)):
+        what = "class" if isinstance(inner, type) else "function"
+        name = f"{getattr(inner, '__module__', None) or '?'}.{inner.__qualname__}"
     else:
-        what = "function" if callable(value) else type(value).__name__
-    return f"{what} {module}.{name}"
-
-
-def _no_callable(kind: str, where: str | None = None) -> str:
-    read = f" (read as {where})" if where else ""
-    return (f"the grader does not hand the notebook's process its own {kind}{read}: a check sends data and the "
-            "engine's objects only, never a function, method, lambda, closure or class of the grader's, which "
-            "learner code could call back into the grader (a recorder of calls is built where the learner's "
-            "object lives: engine.checks.recording)")
+        what, name = "object", f"{type(inner).__module__}.{type(inner).__qualname__}"
+    return (f"the grader does not hand the notebook's process its own {what} {name}: a check sends data "
+            "only (an object learner code needs is built where the learner's object lives: "
+            "engine.checks.where_it_lives, made_beside)")
 
 
 def _by_name(value) -> bool:
@@ -701,20 +664,6 @@ def _by_name(value) -> bool:
     copy of it (never a handle to this side's)."""
     return isinstance(value, (type, types.FunctionType)) and _trusted_module(
         getattr(value, "__module__", "") or "") and _resolve(*_name_of(value), any_kind=True) is value
-
-
-def _own_builtin(target, value) -> bool:
-    """A built-in method of `target` itself (append of a list a check's object holds): the object and a name."""
-    return isinstance(value, types.BuiltinMethodType) and getattr(value, "__self__", None) is target
-
-
-class TaughtBodyRefused(NotImplementedError):
-    """The grader does not run an engine body the learner is graded on (or will be, later in the course)
-    for the learner's process: the host's own engine holds a stub there, and so does what it may call."""
-
-    def __init__(self, message: str, qualname: str):
-        super().__init__(message)
-        self.qualname = qualname
 
 
 def _class_method(target, name: str, value) -> bool:
