@@ -315,9 +315,10 @@ def _calls_itself(error: BaseException) -> bool:
 
 
 def where_it_lives(fn: Callable) -> Callable:
-    """For a check's helper that builds on the learner's class or kernel (a subclass, a Triton launch):
-    when that object lives in another process (the grader's host), the helper runs there, on the
-    host's own copy of the engine; here it runs as written."""
+    """For a check's helper that builds on the learner's class or kernel (a subclass, a recorder, the
+    cache or sequences learner code will hold): when that object lives in another process (the
+    grader's host), the helper runs there, on the host's own copy of the engine, and what it returns
+    stays there too; here it runs as written."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
