@@ -63,10 +63,10 @@ LOOKUP = {
         [["builtins", "SystemExit"], ["builtins", "KeyboardInterrupt"]])},
     "out_of_turn": lambda call, names: {"reply": call + 7, "value": None},
     # a request of its own, instead of the reply: the judge serves none, whatever it names
-    "asks_the_judge": lambda call, names: {"call": 1, "op": "call_engine", "target": None,
-                                           "args": channel.encode(["os", "system", "id"]), "kwargs": channel.encode({})},
+    "asks_the_judge": lambda call, names: {"call": 1, "op": "call_engine", "target": None, "kwargs": channel.encode({}),
+                                           "args": channel.encode(["os", "system", "id"])},
     "calls_a_judge_object": lambda call, names: {"call": 2, "op": "getattr", "target": 12345,
-                                                 "args": channel.encode(["__globals__"]), "kwargs": channel.encode({})},
+                                                 "kwargs": channel.encode({}), "args": channel.encode(["__globals__"])},
     "looks_up_the_judges_names": lambda call, names: {"call": 3, "op": "lookup", "target": None,
                                                       "args": channel.encode([["fail", "key"]]),
                                                       "kwargs": channel.encode({})},

@@ -143,15 +143,30 @@ def test_the_fake_jit_attack_earns_nothing_and_the_solution_everything():
 
 
 def _leftover_kernel_processes() -> list[str]:
+    """Kernel processes this test's grading left: still under this process, or orphaned (another pytest
+    worker's grading, running beside this one, has kernel processes of its own under that worker)."""
     found = []
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                if b"The kernel process: builds" in handle.read():
+                if b"The kernel process: builds" in handle.read() and _ours_or_orphaned(int(entry)):
                     found.append(entry)
-        except OSError:
+        except (OSError, ValueError):
             continue
     return found
+
+
+def _ours_or_orphaned(pid: int) -> bool:
+    """Whether `pid` descends from this process, or from no pytest process at all (an orphan)."""
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            if b"pytest" in handle.read():
+                return False                 # another pytest worker's own grading
+        with open(f"/proc/{pid}/stat") as handle:
+            pid = int(handle.read().rpartition(")")[2].split()[1])
+    return True
 
 
 def _builtins_attack_notebook(tag: str):
