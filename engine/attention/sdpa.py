@@ -11,6 +11,7 @@ which mask to apply (a `ReadPlan`) is worked out by the first layer and reused b
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import NamedTuple
@@ -45,8 +46,7 @@ def read_plan(q_positions: torch.Tensor, kv_lens: torch.Tensor, num_keys: int,
     batch, tokens = q_positions.shape
     if batch == 1:                # one row reads only its own kv_len keys
         kv_len = int(kv_lens[0])
-        expected = torch.arange(kv_len - tokens, kv_len, device=q_positions.device)
-        if bool((q_positions[0] == expected).all()):      # its new tokens end its history, in order
+        if ends_history(q_positions[0], kv_len):          # its new tokens end its history, in order
             if tokens == 1:
                 return ReadPlan(kv_len, None, False, blocks)
             if tokens == kv_len:
@@ -57,6 +57,15 @@ def read_plan(q_positions: torch.Tensor, kv_lens: torch.Tensor, num_keys: int,
         stored = torch.arange(num_keys, device=q_positions.device)[None, :] < kv_lens[:, None]
         return ReadPlan(num_keys, additive(stored[:, None, None, :]), False, blocks)
     return ReadPlan(num_keys, additive(visibility_mask(q_positions, kv_lens, num_keys)[:, None]), False, blocks)
+
+
+def ends_history(positions: torch.Tensor, kv_len: int) -> bool:
+    """Whether one row's positions [T] are kv_len - T, ..., kv_len - 1: its new tokens, in order, are the last
+    of its history. One token (a decode step) is one number to read, not a comparison with a range."""
+    if positions.shape[0] == 1:
+        return int(positions[0]) == kv_len - 1
+    expected = torch.arange(kv_len - positions.shape[0], kv_len, device=positions.device)
+    return bool((positions == expected).all())
 
 
 def additive(visible: torch.Tensor) -> torch.Tensor:
@@ -175,14 +184,25 @@ def _group_plan(block_tables, q_positions, kv_lens, block_size: int, kv_heads: i
     if rows is not None:
         index = torch.tensor(rows, device=q_positions.device)
         block_tables, q_positions, kv_lens = block_tables[index], q_positions[index], kv_lens[index]
-    longest = max(int(kv_lens.max()), 1)
+    stored = int(kv_lens.max())
+    longest = max(stored, 1)
     count = ceil_div(longest, block_size)
-    # Table entries past a row's blocks are padding: read block 0 there, masked by kv_lens anyway.
-    used = torch.arange(count, device=q_positions.device)[None, :] * block_size < kv_lens[:, None]
-    blocks = torch.where(used, block_tables[:, :count].long(), 0)
-    heads = torch.arange(kv_heads, device=blocks.device)[:, None, None]
-    slabs = (blocks * kv_heads + heads).flatten()      # [Hkv, B, count]: see _rows_of_blocks
+    blocks = block_tables[:, :count].long()
+    # A lone row holding keys reads each of its first `count` blocks; in a batch, shorter rows end sooner.
+    if not (stored > 0 and blocks.shape == (1, count)):
+        # Table entries past a row's blocks are padding: read block 0 there, masked by kv_lens anyway.
+        used = torch.arange(count, device=q_positions.device)[None, :] * block_size < kv_lens[:, None]
+        blocks = torch.where(used, blocks, 0)
+    slabs = (blocks * kv_heads + head_offsets(kv_heads, blocks.device)).flatten()   # [Hkv, B, count]: _rows_of_blocks
     return read_plan(q_positions, kv_lens, longest, slabs)._replace(rows=index)
+
+
+@functools.lru_cache(maxsize=16)
+def head_offsets(kv_heads: int, device: torch.device) -> torch.Tensor:
+    """0, 1, ..., kv_heads - 1 as [Hkv, 1, 1]: the slab of a block's KV head h is block * Hkv + h. The same
+    every plan, so made once."""
+    with torch.inference_mode(False):       # a normal tensor, usable in and out of inference mode
+        return torch.arange(kv_heads, device=device)[:, None, None]
 
 
 def _rows_of_blocks(pool: torch.Tensor, plan: ReadPlan, batch: int, rows: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 
 from engine.attention import paged_attention
 from engine.attention.reference import attention as reference_attention
+from engine.attention.sdpa import as_dtype
 from engine.cache.allocator import BlockAllocator
 from engine.cache.block_tables import BlockTables
 from engine.cache.errors import OutOfBlocks
@@ -167,9 +168,9 @@ class PagedKVCache:
             keys, values, kv_lens = self.update(layer, k, v, positions)
             return reference_attention(q, keys, values, positions, kv_lens)
         kv_lens = self.write(layer, k, v, positions)
-        out = paged_attention(q.to(self.dtype), self.k_pools[layer], self.v_pools[layer], self.block_tables,
+        out = paged_attention(as_dtype(q, self.dtype), self.k_pools[layer], self.v_pools[layer], self.block_tables,
                               positions, kv_lens, backend=self.attention)
-        return out.to(q.dtype)
+        return as_dtype(out, q.dtype)
 
     def length(self, seq: int) -> int:
         """Tokens stored for seq (also while it is swapped out)."""
