@@ -71,11 +71,7 @@ def _scheduler(cls, num_blocks: int, block_size: int = 4, prefix: bool = False, 
     """The learner's scheduler over a fresh PagedKVCache (or `cache_cls`) of the tiny model (and a prefix
     cache), made where cls lives: in the grader, the learner's process builds all of it from its own engine."""
     cache = cache_cls(tiny().config, num_blocks, block_size=block_size)
-    prefix_cache = None
-    if prefix:
-        prefix_cache = PrefixCache(cache)
-    config = {"margin_blocks": 2, "watermark": 0.0, **config}
-    return cls(cache, SchedulerConfig(**config), prefix_cache)
+    return _scheduler_over(cls, cache, {"margin_blocks": 2, "watermark": 0.0, **config}, prefix)
 
 
 def _run_prefill(sched, seq) -> None:

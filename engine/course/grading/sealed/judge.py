@@ -29,13 +29,13 @@ import sys
 import time
 import types
 
-
 from engine.course.grading.sealed.host import (TRUSTED_PREFIX, _Capture, _error_output, _names_bound, _names_read,
                                                _stream_outputs, named)
 from engine.course.cells import python_source
 from engine.course.grading.sealed import decide, kernels, likeness
 from engine.course.grading.sealed.kernelbox import KernelBox, sandboxed_kernel
 from engine.course.grading.sealed.remote import Channel, OutOfTurn, RemoteGone, TooLarge, TooSlow
+
 
 def defined_in_text(qualname: str, sources: list[str]) -> bool:
     """Whether a learner cell's text defines `qualname` with def: a function of that name, or, for
@@ -180,8 +180,7 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
                 _shadow_run(shadow, source, name)
         except TooSlow:
             message = {"status": "stuck", "outputs": [budget.exceeded()], "verdict": {}, "refused": []}
-        except (TooLarge, OutOfTurn) as bound:   # past a bound, or a request: this test earns nothing, both
-            # processes start again
+        except (TooLarge, OutOfTurn) as bound:   # past a bound, or a request: nothing earned, both restart
             message = {"status": "stuck", "outputs": [_error_output(bound)], "verdict": {}, "refused": []}
         except RemoteGone as gone:
             message = {"status": "dead", "outputs": [_error_output(gone)], "verdict": {}, "refused": []}

@@ -527,7 +527,6 @@ class Channel:
                 error = RuntimeError(f"{type(error).__name__} during a call from the grader")
             reply["error"] = self.encode(error)
         reply["back"] = [self.encode(t) if _changed(t, before) else None for t, before in received]
-        self._write_back()                # what this call wrote into what it read from the caller
         self._send(reply)
 
     def perform(self, op: str, target, args: list, kwargs: dict):
