@@ -1,53 +1,37 @@
-"""Issue 36's attack classes, each graded as `make grade` grades it, against a control.
+"""Issue 36's attack classes, graded by `make grade` and by `make autograde`, each against a control.
 
 Each attack (tests/fixtures/hostile_notebooks.py) is a notebook a learner could hand in: the judge's own
 swap kept through the cache a check handed the scheduler (ch07), an exercise raising the student
 edition's "not written yet" so the checks skip it (ch05), a host that adds the checks themselves to its
 answer to the judge's lookup (ch03, from the release notebook), an exercise answering with 20 million
 values (ch02). Each control is the same notebook with that exercise honestly unwritten. An attack earns
-at most its control's points, and the flood costs only its own test, in seconds.
+at most its control's points in every test, the flood costs only its own test, in seconds, and under
+autograde a classmate who hands in every attacked chapter's solution keeps full marks and unchanged files.
 """
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
-from engine.course.grading import sandbox
-from engine.course.grading.grade import grade_notebook, sandboxed_grade
-from fixtures.course_support import BUILD, once_per_run
-from fixtures.hostile_notebooks import notebooks, write_all
+from fixtures.attack_runs import CHAPTERS, CLASSMATE, PAIRS, full_points, graded_by_autograde, graded_by_make_grade
+from fixtures.course_support import once_per_run, sandbox_or_skip
+from fixtures.hostile_notebooks import notebooks
 
 pytestmark = [pytest.mark.slow]
-TIMEOUT_S = 60
-# attack -> its control (None: the chapter's solution, every test but the flooded one passing)
-PAIRS = {"ch07_borrowed_swap": "ch07_control", "ch05_fake_not_written": "ch05_control",
-         "ch03_extra_names": "ch03_control", "ch02_huge_list": None}
-
-
-def grade_all() -> dict:
-    """{notebook: {"earned": {test: points}, "messages": {test: message}, "seconds": s}}."""
-    import time
-    grader = sandboxed_grade if sandbox.available()[0] else grade_notebook
-    wanted = set(PAIRS) | {c for c in PAIRS.values() if c}
-    written = write_all(BUILD / "attacks")
-
-    def one(name):
-        path, chapter = written[name]
-        started = time.monotonic()
-        result = grader(path, chapter, TIMEOUT_S)
-        return name, {"earned": {e.grade_id: e.earned for e in result.exercises if e.kind == "test"},
-                      "messages": {e.grade_id: e.message for e in result.exercises if e.kind == "test"},
-                      "seconds": time.monotonic() - started}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(one, sorted(wanted)))
+ATTACKS = [a for a, c in PAIRS.items() if c]
+FLOODED = "ch02_test_slot_mapping"
 
 
 @pytest.fixture(scope="module")
 def graded():
     assert set(PAIRS) <= set(notebooks())
-    return once_per_run("attack-grade", grade_all)
+    return once_per_run("attack-grade", graded_by_make_grade)
 
 
-@pytest.mark.parametrize("attack", [a for a, c in PAIRS.items() if c])
+@pytest.fixture(scope="module")
+def autograded():
+    sandbox_or_skip()
+    return once_per_run("attack-autograde", graded_by_autograde)
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
 def test_an_attack_earns_no_more_than_its_control_in_any_test(graded, attack):
     got, control = graded[attack]["earned"], graded[PAIRS[attack]]["earned"]
     gained = {test: (control[test], points) for test, points in got.items() if points > control[test]}
@@ -57,6 +41,29 @@ def test_an_attack_earns_no_more_than_its_control_in_any_test(graded, attack):
 def test_a_flood_of_values_costs_its_own_test_only_and_stops_at_the_bound(graded):
     flood = graded["ch02_huge_list"]
     lost = {test for test, points in flood["earned"].items() if points == 0}
-    assert lost == {"ch02_test_slot_mapping"}, flood["messages"]
-    assert "the grader's bound is" in flood["messages"]["ch02_test_slot_mapping"], flood["messages"]
+    assert lost == {FLOODED}, flood["messages"]
+    assert "the grader's bound is" in flood["messages"][FLOODED], flood["messages"]
     assert flood["seconds"] < 300, flood["seconds"]          # issue 36 measured 735 s before the bound
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_under_autograde_an_attack_passes_no_test_its_control_fails(autograded, attack):
+    control = PAIRS[attack]
+    chapter = attack[:4]
+    passed_only_by_attack = set(autograded["failed"].get(control, {})) - set(autograded["failed"].get(attack, {}))
+    assert not passed_only_by_attack, (attack, passed_only_by_attack)
+    assert autograded["scores"][attack][chapter] <= autograded["scores"][control][chapter], autograded["scores"]
+
+
+def test_under_autograde_the_flood_costs_its_own_test_only(autograded):
+    failed = autograded["failed"].get("ch02_huge_list", {})
+    assert set(failed) == {FLOODED}, failed
+    assert "the grader's bound is" in failed[FLOODED], failed
+
+
+def test_under_autograde_the_classmate_keeps_full_marks_and_their_files(autograded):
+    want = {chapter.stem[:4]: full_points(chapter) for chapter in CHAPTERS}
+    got = autograded["scores"][CLASSMATE]
+    assert got == want, (got, autograded["failed"].get(CLASSMATE))
+    assert CLASSMATE not in autograded["failed"]
+    assert autograded["classmate_files_changed"] == []
