@@ -163,6 +163,11 @@ SwapInWrongOrder = mutant(PagedKVCache, "swap_in", """
 -    self.tables[seq], self.lengths[seq] = blocks, saved.length
 +    self.tables[seq], self.lengths[seq] = blocks[::-1], saved.length
 """, name="SwapInWrongOrder")
+# Copies each saved block's keys into both pools: the values of the whole history are keys.
+SwapInValuesFromKeys = mutant(PagedKVCache, "swap_in", """
+-            v_pool[index] = saved.values[layer].to(self.device)
++            v_pool[index] = saved.keys[layer].to(self.device)
+""", name="SwapInValuesFromKeys")
 SwapOutKeepsBlocks = mutant(PagedKVCache, "swap_out", """
 -    for block in table:
 -        self.allocator.release(block)
@@ -218,6 +223,7 @@ ForkAliasesTokens = mutant(Scheduler, "fork_samples", """
     },
     ch07.check_swap: {
         SwapInWrongOrder: ["saved from logical block 0", "wrong order"],
+        SwapInValuesFromKeys: ["saved from logical block 0", "got no block", "K and V of each saved block"],
         SwapOutKeepsBlocks: ["after swap_out(0)", "release every block"],
         SwapInKeepsSavedCopy: ["still in cache.swapped", "del self.swapped[seq]"],
         SwapInWithoutKeyError: ["expected KeyError", "not swapped out"],
@@ -357,11 +363,14 @@ def test_honest_styles_score_full_marks_through_the_grader():
 
 # ---- the milestone writes text: the trained model served by the learner's scheduler and cache -----------
 
-@pytest.mark.parametrize("scheduler, cache", [(PreemptNeverRequeues, PagedKVCache), (Scheduler, SwapInWrongOrder)],
+@pytest.mark.parametrize("scheduler, cache", [(PreemptNeverRequeues, PagedKVCache),
+                                              (Scheduler, SwapInValuesFromKeys)],
                          ids=lambda value: value.__name__)
 def test_the_milestone_writes_the_divergence_out_as_text(scheduler, cache):
-    """A recompute victim never queued again stops writing; a swap that brings blocks back in the wrong
-    order writes other words: the message shows both sentences and the token where they part."""
+    """A recompute victim never queued again stops writing; a swap that brings back keys as values writes
+    other words: the message shows both sentences and the token where they part. (Both bugs wreck what
+    the model reads, so they part whatever the trained weights; a milder bug, such as blocks swapped in
+    the wrong order, may leave this small model's greedy text unchanged.)"""
     text = ch07.continuations.side_by_side(ch07.served_text(scheduler, cache))
     assert text.parted_at is not None and text.scratch != text.cached
     message = fails_with(serving(scheduler, cache), None, ["The trained tiny model writes it out: from-scratch: ",

@@ -39,6 +39,7 @@ def test_the_committed_checkpoint_is_the_recorded_one():
     assert weights.stat().st_size == RECORD["model_bytes"] <= 2_100_000
     assert sha256(CORPUS) == RECORD["corpus_sha256"], "corpus.txt changed since the model was trained on it"
     assert RECORD["settings"] == train_tiny.Settings().__dict__, "train_tiny's settings are not the recorded run's"
+    assert RECORD["kernels"] == train_tiny.PINNED, "the recorded run did not pin the CPU kernels"
     hf = json.loads((TRAINED_DIR / "config.json").read_text())
     assert ModelConfig.from_json(TRAINED_DIR, strict=True) == trained_config()
     assert hf == trained_config().to_hf() | {"torch_dtype": "bfloat16"}
@@ -58,6 +59,23 @@ def test_the_training_run_reproduces_its_first_steps():
     assert torch.get_num_threads() == 2 and not torch.are_deterministic_algorithms_enabled()   # restored
     assert losses == pytest.approx(RECORD["first_losses"][:3], abs=1e-4)
     assert losses[0] == pytest.approx(5.56, abs=0.1)    # ln(260): an untrained model guesses uniformly
+
+
+def test_training_starts_again_with_the_kernels_pinned(monkeypatch):
+    """torch reads the pins when it loads, so an unpinned run starts a fresh interpreter with them set."""
+    started = []
+    monkeypatch.setattr(train_tiny.os, "execve", lambda path, argv, env: started.append((argv, env)))
+    monkeypatch.setattr(train_tiny, "has_avx2", lambda: True)
+    for name in train_tiny.PINNED:
+        monkeypatch.delenv(name, raising=False)
+    train_tiny.pinned_or_restart(["--steps", "3"])
+    (argv, env), = started
+    assert argv[1:] == ["-m", "engine.tools.train_tiny", "--steps", "3"]
+    assert {name: env[name] for name in train_tiny.PINNED} == train_tiny.PINNED
+    for name, value in train_tiny.PINNED.items():
+        monkeypatch.setenv(name, value)
+    train_tiny.pinned_or_restart([])                  # pinned already: it goes on in this process
+    assert len(started) == 1
 
 
 def test_a_different_seed_is_a_different_run():
@@ -84,3 +102,19 @@ def test_greedy_text_is_words_of_the_course(prompt):
     vocabulary = set(re.findall(r"[A-Za-z]+", CORPUS.read_text()))
     known = [w for w in words[:-1] if w in vocabulary]        # the last word may be cut off
     assert len(words) >= 5 and len(known) >= 0.8 * (len(words) - 1), f"{prompt!r} -> {text!r}"
+
+
+def test_the_readme_quotes_what_the_engine_writes(capsys):
+    """The README's trained-model examples are the engine's output on the committed weights, not typed in."""
+    import ast
+    readme = (TRAINED_DIR.parents[1] / "README.md").read_text()
+    quoted = re.findall(r"^('.*') -> (['\"].*['\"]) \(length, 48 tokens\)$", readme, flags=re.M)
+    assert len(quoted) >= 3, "the README shows the trained model's text for three prompts"
+    from engine.tools.cli import main
+    argv = ["generate", "--max-tokens", "48"]
+    for prompt, _ in quoted:
+        argv += ["--prompt", ast.literal_eval(prompt)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    for prompt, text in quoted:
+        assert f"{prompt} -> {text} (length, 48 tokens)" in printed, f"README: {prompt} -> {text}; engine: {printed}"

@@ -646,9 +646,10 @@ def _crash_named(cls, action, what: str):
 def served_text(cls, block_size: int = BS):
     """A run for continuations: the trained model served by the engine's scheduler with `cls` as its prefix
     cache, on a pool too small to keep every cached block (so it evicts). Served first: the prompt's first
-    block with another ending, then the prompt's later blocks after another first block (the same block
-    text after a different history), then the prompt itself; the text is the prompt served once more,
-    from the blocks the cache kept."""
+    block with another ending, then the prompt's later blocks after three other blocks (the same block
+    text after another history and at other positions: keys that ignore the history share them, and the
+    text parts at once, whatever the trained weights), then the prompt itself; the text is the prompt
+    served once more, from the blocks the cache kept."""
     from engine.tokenizer import ByteTokenizer
 
     def run(model, prompt: list[int], tokens: int) -> list[int]:
@@ -657,7 +658,7 @@ def served_text(cls, block_size: int = BS):
                             ceil_div(len(prompt) + tokens, bs) + ceil_div(len(prompt), bs) + 4, block_size=bs)
         engine = Engine(model, cache, prefix_caching=False)
         engine.scheduler.prefix = cls(cache)
-        for wave in (prompt[:bs] + other[bs:], other[:bs] + prompt[bs:], prompt):
+        for wave in (prompt[:bs] + other[bs:], other[:3 * bs] + prompt[bs:], prompt):
             continuations.served(engine, [wave], tokens)
         return continuations.served(engine, [prompt], tokens)[0]
 

@@ -1,10 +1,11 @@
 """`make tiny-model`: train the course's tiny Qwen3 on the chapters' own prose, from a seed, on the CPU.
 
 The same seed, corpus and settings give the same weights: one thread, deterministic kernels, batches
-drawn in a fixed order from a seeded generator. The model is trained with transformers' Qwen3 (the
-engine's forward runs in inference mode) and saved in Hugging Face's layout, which both load. The
-corpus (engine/tiny_model/corpus.txt) was written once by `--make-corpus` from solutions/, so later
-edits to the chapters do not change what this trains on.
+drawn in a fixed order from a seeded generator, and the CPU kernels pinned to one instruction set (AVX2), so
+a machine with AVX-512 and one without compute the same sums (see PINNED). The model is trained with
+transformers' Qwen3 (the engine's forward runs in inference mode) and saved in Hugging Face's layout,
+which both load. The corpus (engine/tiny_model/corpus.txt) was written once by `--make-corpus` from
+solutions/, so later edits to the chapters do not change what this trains on.
 """
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import argparse
 import hashlib
 import json
 import math
+import os
+import platform
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +26,12 @@ import torch
 from engine.checkpoint import TRAINED_DIR, trained_config
 
 RECORD = "training.json"   # the run's settings, its logged losses and the checkpoint's sha256
+
+# MKL's matrix products and ATen's vectorised loops each pick kernels by the CPU's widest instructions, and
+# AVX-512 sums in another order than AVX2: by step 60 the losses part in the sixth digit, and the weights'
+# bytes differ. These variables, read when torch loads, pin both (and oneDNN) to AVX2 on any x86-64 CPU
+# that has it. STRICT makes MKL's results independent of how the arrays happen to be aligned.
+PINNED = {"MKL_CBWR": "AVX2,STRICT", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,8 @@ def run_steps(corpus: Path, settings: Settings, progress: bool):
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                                    {"params": rest, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95))
     losses = []
-    bar = tqdm(batches(data, settings), total=settings.steps, disable=not progress, mininterval=2.0)
+    live = progress and sys.stderr.isatty()          # a bar on a terminal; in a log, a line per 100 steps
+    bar = tqdm(batches(data, settings), total=settings.steps, disable=not live, mininterval=2.0)
     for step, (inputs, targets) in enumerate(bar):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings)
@@ -146,6 +157,28 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def has_avx2() -> bool:
+    """Whether this CPU can run the pinned kernels (x86-64 with AVX2; Linux says so in /proc/cpuinfo)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        return " avx2" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.system() in ("Windows", "Darwin")     # no /proc there; recent x86 Macs and PCs have it
+
+
+def pinned_or_restart(argv: list[str]) -> None:
+    """Run again in a fresh interpreter with PINNED set, unless it already is (torch reads them at load)."""
+    if all(os.environ.get(name) == value for name, value in PINNED.items()):
+        return
+    if not has_avx2():
+        print("this CPU has no AVX2: the kernels are not pinned, so the losses agree with training.json to "
+              "about 1e-4 but the weights' sha256 will differ")
+        return
+    print("pinning the CPU kernels to AVX2 (" + " ".join(f"{k}={v}" for k, v in PINNED.items()) + ")", flush=True)
+    os.execve(sys.executable, [sys.executable, "-m", "engine.tools.train_tiny", *argv], os.environ | PINNED)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.tools.train_tiny", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=TRAINED_DIR, help="folder to write (default: engine/tiny_model)")
@@ -157,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.make_corpus:
         make_corpus(Path(__file__).resolve().parents[2] / "solutions", corpus)
         return 0
+    pinned_or_restart(sys.argv[1:] if argv is None else argv)
     settings = Settings(steps=args.steps)
     print(f"training the tiny Qwen3 on {corpus} ({corpus.stat().st_size:,} bytes), {settings}; one CPU thread")
     started, cpu = time.perf_counter(), time.process_time()
@@ -166,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     record = {"settings": settings.__dict__, "corpus_sha256": sha256(corpus), "first_losses": losses[:5],
               "final_loss": sum(losses[-50:]) / 50, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
-              "model_sha256": sha256(weights), "model_bytes": weights.stat().st_size}
+              "model_sha256": sha256(weights), "model_bytes": weights.stat().st_size,
+              "kernels": {name: os.environ.get(name) for name in PINNED}, "torch": torch.__version__}
     (args.out / RECORD).write_text(json.dumps(record, indent=2) + "\n")
     print(f"done in {seconds:.0f} s ({cpu:.0f} s of CPU; longer on a shared machine): final loss "
           f"{record['final_loss']:.4f} (mean of the last 50 steps); {weights} {record['model_bytes']:,} bytes, "
