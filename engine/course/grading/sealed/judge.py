@@ -181,14 +181,25 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
         except TooSlow:
             message = {"status": "stuck", "outputs": [budget.exceeded()], "verdict": {}, "refused": []}
         except (TooLarge, OutOfTurn) as bound:   # past a bound, or a request: nothing earned, both restart
-            message = {"status": "stuck", "outputs": [_error_output(bound)], "verdict": {}, "refused": []}
+            message = {"status": "stuck", "outputs": [_plain_error(bound, RESTARTED)], "verdict": {}, "refused": []}
         except RemoteGone as gone:
-            message = {"status": "dead", "outputs": [_error_output(gone)], "verdict": {}, "refused": []}
+            message = {"status": "dead", "outputs": [_plain_error(gone, "")], "verdict": {}, "refused": []}
         channel.allowance = None
         message["seq"] = seq
         send(message)
         if message["status"] in ("dead", "stuck"):
             return
+
+
+RESTARTED = "; this test earns nothing, and the notebook's process was restarted"
+
+
+def _plain_error(error: BaseException, then: str) -> dict:
+    """The learner's view of a broken channel: what happened and what follows, without the grader's own
+    stack (nothing in it is the learner's to read or fix)."""
+    text = f"{error}{then}"
+    return {"output_type": "error", "ename": type(error).__name__, "evalue": text,
+            "traceback": [f"{type(error).__name__}: {text}"]}
 
 
 class Budget:
