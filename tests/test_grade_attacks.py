@@ -1,12 +1,13 @@
-"""Issue 36's attack classes, graded by `make grade` and by `make autograde`, each against a control.
+"""Issue 36's attack classes, graded by `make autograde`, each against a control.
 
 Each attack (tests/fixtures/hostile_notebooks.py) is a notebook a learner could hand in: the judge's own
 swap kept through the cache a check handed the scheduler (ch07), an exercise raising the student
 edition's "not written yet" so the checks skip it (ch05), a host that adds the checks themselves to its
 answer to the judge's lookup (ch03, from the release notebook), an exercise answering with 20 million
-values (ch02). Each control is the same notebook with that exercise honestly unwritten. An attack earns
-at most its control's points in every test, the flood costs only its own test, in seconds, and under
-autograde a classmate who hands in every attacked chapter's solution keeps full marks and unchanged files.
+values (ch02). Each control is the same notebook with that exercise honestly unwritten. An attack passes
+no test its control fails, the flood costs only its own test (in seconds under `make grade` too), and a
+classmate who hands in every attacked chapter's solution keeps full marks and unchanged files.
+`python tests/fixtures/attack_runs.py grade` prints each attack's points under `make grade`.
 """
 import pytest
 
@@ -20,9 +21,9 @@ FLOODED = "ch02_test_slot_mapping"
 
 
 @pytest.fixture(scope="module")
-def graded():
+def flooded():
     assert set(PAIRS) <= set(notebooks())
-    return once_per_run("attack-grade", graded_by_make_grade)
+    return once_per_run("attack-grade", lambda: graded_by_make_grade({"ch02_huge_list"}))["ch02_huge_list"]
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +32,11 @@ def autograded():
     return once_per_run("attack-autograde", graded_by_autograde)
 
 
-@pytest.mark.parametrize("attack", ATTACKS)
-def test_an_attack_earns_no_more_than_its_control_in_any_test(graded, attack):
-    got, control = graded[attack]["earned"], graded[PAIRS[attack]]["earned"]
-    gained = {test: (control[test], points) for test, points in got.items() if points > control[test]}
-    assert not gained, f"{attack} earned more than {PAIRS[attack]} (control, attack): {gained}"
-
-
-def test_a_flood_of_values_costs_its_own_test_only_and_stops_at_the_bound(graded):
-    flood = graded["ch02_huge_list"]
-    lost = {test for test, points in flood["earned"].items() if points == 0}
-    assert lost == {FLOODED}, flood["messages"]
-    assert "the grader's bound is" in flood["messages"][FLOODED], flood["messages"]
-    assert flood["seconds"] < 300, flood["seconds"]          # issue 36 measured 735 s before the bound
+def test_under_make_grade_a_flood_of_values_costs_its_own_test_only_and_stops_at_the_bound(flooded):
+    lost = {test for test, points in flooded["earned"].items() if points == 0}
+    assert lost == {FLOODED}, flooded["messages"]
+    assert "the grader's bound is" in flooded["messages"][FLOODED], flooded["messages"]
+    assert flooded["seconds"] < 300, flooded["seconds"]          # issue 36 measured 735 s before the bound
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
