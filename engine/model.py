@@ -50,7 +50,20 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     step (x * x is its pow(x, 2) exactly, in a cheaper op). torch.rms_norm runs the same ops, but its
     wrapper costs more than they do at a few rows."""
     wide = as_float(x)
-    return wide * (wide * wide).mean(-1, keepdim=True).add_(eps).rsqrt_()    # + eps, rsqrt: in place, same numbers
+    if not wide.is_cpu:                # one fused kernel (a GPU's mean multiplies by 1 / width: its own numbers)
+        return wide * (wide * wide).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    # A CPU's mean is this sum, then div_ by the width; given as tensors, the width and eps cost no conversion
+    width, epsilon = norm_constants(x.shape[-1], eps, x.device)
+    return wide * (wide * wide).sum(-1, keepdim=True).div_(width).add_(epsilon).rsqrt_()   # in place, same numbers
+
+
+@functools.lru_cache(maxsize=16)
+def norm_constants(width: int, eps: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_normalize's width and eps as float32 scalar tensors, made once: the numbers its ops would make of a
+    Python width and eps on every call."""
+    with torch.inference_mode(False):       # normal tensors, usable in and out of inference mode
+        return (torch.tensor(float(width), dtype=torch.float32, device=device),
+                torch.tensor(eps, dtype=torch.float32, device=device))
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +194,16 @@ class MLP(Direct):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x), inplace=True).mul_(self.up_proj(x)))
+        gate, up = self.project_gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(nn.functional.silu(gate, inplace=True).mul_(up))
+
+    def project_gate_up(self, x: torch.Tensor) -> torch.Tensor:
+        """gate(x) and up(x) side by side, [..., 2 intermediate]: one matrix product with the two weights
+        stacked (made once, remade if a weight changes), not two. A decode step's products are small, and
+        on a CPU each is a parallel region whose threads must all wake: on a busy machine that costs more
+        than the product."""
+        weight = derived(self, "_gate_up_weight", lambda *w: torch.cat(w), self.gate_proj.weight, self.up_proj.weight)
+        return nn.functional.linear(x, weight)
 
 
 class DecoderLayer(Direct):

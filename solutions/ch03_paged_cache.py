@@ -483,8 +483,9 @@ ch03.check_q3_slot(answer_q3)
 #
 # ★★ **A paged cache without the gather.** `gather` copies every row's whole history at every layer
 # and step. Read `attend` in `engine/cache/paged.py` and `engine/attention/paged_reference.py`: with
-# `attention="torch"` or `"triton"` the cache calls `write` only and attention reads the pool through
-# the block tables. Time 64 decode steps of a batch of 8 with `attention="reference"` and with
+# `attention="torch"` or `"triton"` the cache only stores the step's K/V (through `write`, or for the
+# engine's own class through `store`, `write` done once per forward) and attention reads the pool
+# through the block tables. Time 64 decode steps of a batch of 8 with `attention="reference"` and with
 # `attention="torch"`; where does the difference come from?
 #
 # ★★ **Truncate into the middle of a block.** After `truncate(seq, 5)` with blocks of 4, position 5

@@ -5,7 +5,8 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from engine.attention.reference import visibility_mask
 from engine.attention.sdpa import additive
-from engine.model import rms_normalize, rope_angles
+from engine.config import ModelConfig
+from engine.model import MLP, rms_normalize, rope_angles
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 256), (3, 17, 64), (2, 5, 12, 32), (1, 1, 10, 20)])
@@ -14,6 +15,20 @@ def test_rms_normalize_is_torch_rms_norm(shape, dtype):
     x = (torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
     expected = torch.rms_norm(x.float(), (shape[-1],), eps=1e-6)
     assert torch.equal(rms_normalize(x, 1e-6), expected)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 100])
+def test_the_stacked_gate_and_up_projection_is_the_two_products(rows):
+    config = ModelConfig.from_hf(dict(vocab_size=64, hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
+                                      head_dim=32, intermediate_size=768, num_hidden_layers=1))
+    torch.manual_seed(0)
+    mlp = MLP(config)
+    x = torch.randn(1, rows, 256)
+    with torch.no_grad():
+        plain = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+        assert torch.equal(mlp(x), plain)
+        mlp.up_proj.weight.mul_(2)                         # a changed weight is never read stale
+        assert torch.equal(mlp(x), mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x)))
 
 
 @pytest.mark.parametrize("head_dim", [4, 20, 32, 128])

@@ -376,6 +376,58 @@ def test_attend_stores_through_the_one_write_a_subclass_gives(tiny):
     assert calls == list(range(tiny.config.num_layers))
 
 
+def test_attend_stores_what_write_stores(tiny):
+    """The engine's own class stores once-per-forward (store): the very pools, lengths and kv_lens that
+    write leaves ("reference" attention runs update, which writes), across a ragged prefill and decodes."""
+    caches = [paged(tiny, attention=attention) for attention in ("reference", "torch")]
+    steps = [{0: seeded_tokens(6, 1), 1: seeded_tokens(2, 2)}, {0: [7], 1: [8], 2: seeded_tokens(9, 3)},
+             {0: [9], 1: [10], 2: [11]}]
+    for cache in caches:
+        for seq in range(3):
+            cache.create(seq)
+        for new in steps:
+            cached_step(tiny, cache, list(new), list(new.values()))
+    reference, stored = caches
+    assert stored.write_plan is not None and reference.write_plan is None     # each went its own way
+    assert stored.lengths == reference.lengths and torch.equal(stored.batch_lengths, reference.batch_lengths)
+    for ours, theirs in zip(stored.k_pools + stored.v_pools, reference.k_pools + reference.v_pools):
+        assert torch.equal(ours, theirs)
+
+
+def test_the_student_editions_stubbed_write_runs_every_layer(tiny, monkeypatch):
+    """Where the student edition stubbed the taught bodies, PagedKVCache.write runs the learner's: attend
+    must store through it, layer by layer, not around it."""
+    import engine.cache.paged as paged_module
+    calls = []
+    write = PagedKVCache.write
+
+    def counted(self, layer, k, v, positions):
+        calls.append(layer)
+        return write(self, layer, k, v, positions)
+
+    monkeypatch.setattr(PagedKVCache, "write", counted)
+    monkeypatch.setattr(paged_module, "EDITION_STUBS", True)
+    cache = paged(tiny, attention="torch")
+    cache.create(0)
+    assert step_and_compare(tiny, cache, {0: []}, {0: seeded_tokens(5, seed=1)}) < ATOL
+    assert calls == list(range(tiny.config.num_layers))
+
+
+def test_a_write_replaced_in_place_runs_every_layer(tiny, monkeypatch):
+    """A notebook may set PagedKVCache.write = its own function: attend then stores through that one."""
+    calls, original = [], PagedKVCache.write
+
+    def replaced(self, layer, k, v, positions):
+        calls.append(layer)
+        return original(self, layer, k, v, positions)
+
+    monkeypatch.setattr(PagedKVCache, "write", replaced)
+    cache = paged(tiny, attention="torch")
+    cache.create(0)
+    assert step_and_compare(tiny, cache, {0: []}, {0: seeded_tokens(5, seed=1)}) < ATOL
+    assert calls == list(range(tiny.config.num_layers))
+
+
 def test_the_bookkeeping_lives_in_block_tables_under_the_old_names(tiny):
     cache = paged(tiny)
     cache.create(0)

@@ -12,6 +12,7 @@ join them. Attention over the pools is engine.attention's (`attend` only hands t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -26,6 +27,19 @@ from engine.cache.slots import blocks_needed, check_block_size, slot_mapping
 
 # "auto": Triton on CUDA, torch on CPU (engine.attention decides); "reference": update, then plain attention.
 ATTENTION_PATHS = ("auto", "torch", "triton", "reference")
+# The student edition (engine/course/authoring/edition.py) swaps taught bodies for stubs that run the learner's
+# code, and imports engine._edition here to do so: then attend stores through `write` itself, the learner's.
+EDITION_STUBS = "_edition" in globals()
+
+
+class WritePlan(NamedTuple):
+    """Where one forward's new K/V go in every layer's pools, worked out once by layer 0 (see `store`)."""
+
+    positions: torch.Tensor       # the forward's positions [B, T]; the plan is for them
+    tables: torch.Tensor          # and for the block tables set_batch made
+    rows: torch.Tensor            # [n * Hkv] rows of a pool viewed as [N * Hkv * bs, D], (token, KV head) in order
+    keep: torch.Tensor | None     # which of the B * T * Hkv new (token, KV head) rows are stored (None: all)
+    kv_lens: torch.Tensor         # [B]: the keys each row holds after this forward, what write returns
 
 
 @dataclass
@@ -58,6 +72,7 @@ class PagedKVCache:
         self.k_pools, self.v_pools = self.pool.keys, self.pool.values
         self.batch: list[int] = []
         self.block_tables = self.batch_lengths = self.batch_capacity = None
+        self.write_plan: WritePlan | None = None
 
     # ---- the bookkeeping, read and written through BlockTables (the same objects) ----
 
@@ -162,15 +177,48 @@ class PagedKVCache:
         return pool[slots // bs, :, slots % bs].transpose(1, 2)
 
     def attend(self, layer: int, q, k, v, positions: torch.Tensor) -> torch.Tensor:
-        """Store k, v with `write`, then attend q [B, Hq, T, D] over the pools through the block tables
-        (engine.attention picks the kernel; Triton's read the pool in place)."""
+        """Store k, v as `write` does (see `store`), then attend q [B, Hq, T, D] over the pools through the
+        block tables (engine.attention picks the kernel; Triton's read the pool in place)."""
         if self.attention == "reference":            # gather a contiguous history, then plain attention
             keys, values, kv_lens = self.update(layer, k, v, positions)
             return reference_attention(q, keys, values, positions, kv_lens)
-        kv_lens = self.write(layer, k, v, positions)
+        kv_lens = self.store(layer, k, v, positions)
         out = paged_attention(as_dtype(q, self.dtype), self.k_pools[layer], self.v_pools[layer], self.block_tables,
                               positions, kv_lens, backend=self.attention)
         return as_dtype(out, q.dtype)
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`write` for attend: the same slots, lengths and kv_lens, with what every layer repeats (the checks,
+        the slot mapping, kv_lens) done once per forward by layer 0. A class with a write of its own (a
+        learner's), or the student edition's stub, stores through that write."""
+        if type(self).write is not ENGINE_WRITE or EDITION_STUBS:
+            return self.write(layer, k, v, positions)
+        plan = self.write_plan
+        if layer == 0 or plan is None or plan.positions is not positions or plan.tables is not self.block_tables:
+            plan = self.write_plan = self.plan_writes(positions)
+        store_rows(self.k_pools[layer], k, plan)
+        store_rows(self.v_pools[layer], v, plan)
+        if layer == len(self.k_pools) - 1:    # the last layer commits the new lengths
+            for seq, n in zip(self.batch, plan.kv_lens.tolist()):
+                self.lengths[seq] = n
+            self.batch_lengths = plan.kv_lens
+        return plan.kv_lens
+
+    def plan_writes(self, positions: torch.Tensor) -> WritePlan:
+        """write's checks, slots and kv_lens for these positions, as pool rows (see WritePlan)."""
+        self.check_positions(positions)       # in reserved room, above the history
+        bs, heads = self.block_size, self.k_pools[0].shape[1]
+        valid = positions >= 0                # padding (-1) is never written
+        slots = slot_mapping(self.block_tables, positions, bs)[..., None]              # [B, T, 1]
+        head = torch.arange(heads, device=positions.device)
+        rows = ((slots // bs * heads + head) * bs + slots % bs).flatten()           # [B * T * Hkv]
+        keep = None
+        if not bool(valid.all()):
+            keep = valid[..., None].expand(*valid.shape, heads).flatten().nonzero().flatten()
+            rows = rows[keep]
+        newest = torch.where(valid, positions + 1, 0)   # one past each written position
+        kv_lens = torch.cat([self.batch_lengths[:, None], newest], dim=1).amax(dim=1)
+        return WritePlan(positions, self.block_tables, rows, keep, kv_lens)
 
     def length(self, seq: int) -> int:
         """Tokens stored for seq (also while it is swapped out)."""
@@ -326,3 +374,17 @@ class PagedKVCache:
             seq, pos = self.batch[row], int(positions[row, column])
             raise ValueError(f"sequence {seq}: position {pos} is outside [{self.lengths[seq]}, "
                              f"{int(self.batch_capacity[row])}), the stored length and the reserved room")
+
+
+# write as this module defined it: a class whose write is another (a learner's subclass, or PagedKVCache.write
+# replaced in place) stores through that one.
+ENGINE_WRITE = PagedKVCache.write
+
+
+def store_rows(pool: torch.Tensor, new: torch.Tensor, plan: WritePlan) -> None:
+    """Copy new [B, Hkv, T, D] into its rows of one layer's pool [N, Hkv, bs, D] (write's scatter, as one
+    index_copy_ into the pool viewed as rows [N * Hkv * bs, D])."""
+    rows = as_dtype(new, pool.dtype).transpose(1, 2).reshape(-1, new.shape[-1])   # [B * T * Hkv, D]
+    if plan.keep is not None:
+        rows = rows.index_select(0, plan.keep)
+    pool.view(-1, pool.shape[-1]).index_copy_(0, plan.rows, rows)
