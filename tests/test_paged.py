@@ -440,3 +440,21 @@ def test_the_bookkeeping_lives_in_block_tables_under_the_old_names(tiny):
     assert cache.books.allocator is wrapped
     # A plain attribute, not a property: the sealed grader lets graded code set data only.
     assert inspect.getattr_static(PagedKVCache, "allocator", None) is None
+
+
+def test_the_student_edition_stubbing_sets_the_flag_store_reads(tmp_path):
+    """The edition's stub_file binds _edition in paged.py above EDITION_STUBS, so the flag is true there."""
+    import ast
+    import shutil
+
+    import engine.cache.paged as paged_module
+    from engine.course.authoring.edition import stub_file
+    copy = tmp_path / "paged.py"
+    shutil.copy(paged_module.__file__, copy)
+    stub_file(copy, {"PagedKVCache.write": "ch03"})
+    body = ast.parse(copy.read_text()).body
+    bound = [i for i, node in enumerate(body) if isinstance(node, ast.Import)
+             and any(alias.asname == "_edition" for alias in node.names)]
+    flag = [i for i, node in enumerate(body) if isinstance(node, ast.Assign)
+            and any(getattr(t, "id", None) == "EDITION_STUBS" for t in node.targets)]
+    assert bound and flag and bound[0] < flag[0]
