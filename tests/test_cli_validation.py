@@ -161,15 +161,22 @@ def fail_if_reached(name):
 @pytest.fixture
 def no_work(monkeypatch):
     """Every function that builds a model or a workload, serves, or times fails the test if reached;
-    the machine has 16 GiB, so the memory checks say the same everywhere."""
+    the machine has 16 GiB, so the memory checks say the same everywhere. Every command's module is
+    imported first, so a name it imports binds the real function (not this test's stand-in, for later
+    tests), and the stand-in goes where the command looks it up (generate_cli's own `generate`)."""
+    import importlib
+
     from engine import checkpoint, generate
+    from engine.tools.cli import COMMANDS
+    for module_name, _ in COMMANDS.values():
+        importlib.import_module(module_name)
     from engine.tools.demos import bench_alloc, bench_prefix, fork, paged, prefix
-    from engine.tools import bench, bench_setup, peer_bench
+    from engine.tools import bench, bench_setup, generate_cli, peer_bench
     for module, name in [(bench_setup.Setup, "build_model"), (bench, "capacity"), (bench, "prefix"),
                          (bench, "run_kinds"), (peer_bench, "build_models"), (peer_bench, "compare"),
                          (bench_prefix, "time_evict"), (bench_alloc, "time_pool"), (paged, "static_figures"),
                          (paged, "paged_figures"), (fork, "run"), (prefix, "run"), (checkpoint, "tiny_model"),
-                         (checkpoint, "load_model"), (generate, "generate")]:
+                         (checkpoint, "load_model"), (generate, "generate"), (generate_cli, "generate")]:
         monkeypatch.setattr(module, name, fail_if_reached(f"{getattr(module, '__name__', module)}.{name}"))
     monkeypatch.setattr(cli_args, "machine_memory", lambda: 16 * GIB)
 
