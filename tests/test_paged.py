@@ -394,27 +394,12 @@ def test_attend_stores_what_write_stores(tiny):
         assert torch.equal(ours, theirs)
 
 
-def test_the_student_editions_stubbed_write_runs_every_layer(tiny, monkeypatch):
-    """Where the student edition stubbed the taught bodies, PagedKVCache.write runs the learner's: attend
-    must store through it, layer by layer, not around it."""
+@pytest.mark.parametrize("edition", [False, True], ids=["replaced in place", "student edition"])
+def test_a_write_other_than_the_engines_runs_every_layer(tiny, monkeypatch, edition):
+    """A notebook may set PagedKVCache.write = its own function; in the student edition the module's own
+    write is the stub that runs the learner's (EDITION_STUBS). Either way attend stores through that
+    write, layer by layer, not around it."""
     import engine.cache.paged as paged_module
-    calls = []
-    write = PagedKVCache.write
-
-    def counted(self, layer, k, v, positions):
-        calls.append(layer)
-        return write(self, layer, k, v, positions)
-
-    monkeypatch.setattr(PagedKVCache, "write", counted)
-    monkeypatch.setattr(paged_module, "EDITION_STUBS", True)
-    cache = paged(tiny, attention="torch")
-    cache.create(0)
-    assert step_and_compare(tiny, cache, {0: []}, {0: seeded_tokens(5, seed=1)}) < ATOL
-    assert calls == list(range(tiny.config.num_layers))
-
-
-def test_a_write_replaced_in_place_runs_every_layer(tiny, monkeypatch):
-    """A notebook may set PagedKVCache.write = its own function: attend then stores through that one."""
     calls, original = [], PagedKVCache.write
 
     def replaced(self, layer, k, v, positions):
@@ -422,6 +407,9 @@ def test_a_write_replaced_in_place_runs_every_layer(tiny, monkeypatch):
         return original(self, layer, k, v, positions)
 
     monkeypatch.setattr(PagedKVCache, "write", replaced)
+    if edition:                    # there the stub is write as the module defined it; only the flag tells
+        monkeypatch.setattr(paged_module, "ENGINE_WRITE", replaced)
+        monkeypatch.setattr(paged_module, "EDITION_STUBS", True)
     cache = paged(tiny, attention="torch")
     cache.create(0)
     assert step_and_compare(tiny, cache, {0: []}, {0: seeded_tokens(5, seed=1)}) < ATOL
