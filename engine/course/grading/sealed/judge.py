@@ -181,9 +181,11 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
         except TooSlow:
             message = {"status": "stuck", "outputs": [budget.exceeded()], "verdict": {}, "refused": []}
         except (TooLarge, OutOfTurn) as bound:   # past a bound, or a request: nothing earned, both restart
-            message = {"status": "stuck", "outputs": [_plain_error(bound, RESTARTED)], "verdict": {}, "refused": []}
+            message = {"status": "stuck", "outputs": [_plain_error(type(bound).__name__, f"{bound}{RESTARTED}")],
+                       "verdict": {}, "refused": []}
         except RemoteGone as gone:
-            message = {"status": "dead", "outputs": [_plain_error(gone, "")], "verdict": {}, "refused": []}
+            message = {"status": "dead", "outputs": [_plain_error(type(gone).__name__, str(gone))], "verdict": {},
+                       "refused": []}
         channel.allowance = None
         message["seq"] = seq
         send(message)
@@ -194,12 +196,10 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
 RESTARTED = "; this test earns nothing, and the notebook's process was restarted"
 
 
-def _plain_error(error: BaseException, then: str) -> dict:
-    """The learner's view of a broken channel: what happened and what follows, without the grader's own
-    stack (nothing in it is the learner's to read or fix)."""
-    text = f"{error}{then}"
-    return {"output_type": "error", "ename": type(error).__name__, "evalue": text,
-            "traceback": [f"{type(error).__name__}: {text}"]}
+def _plain_error(ename: str, text: str) -> dict:
+    """An error output of one line, without the grader's own stack (nothing in it is the learner's to read
+    or fix): a broken channel, a cell past its time."""
+    return {"output_type": "error", "ename": ename, "evalue": text, "traceback": [f"{ename}: {text}"]}
 
 
 class Budget:
@@ -221,10 +221,8 @@ class Budget:
 
     def exceeded(self) -> dict:
         text = (f"the notebook's code took more than {self.wall:g} s (wall clock) to answer the grader, "
-                f"{self.WALL_FACTOR} times the cell's {self.limit:g} s limit (it slept or waited); this test "
-                "earns nothing, and the notebook's process was restarted")
-        return {"output_type": "error", "ename": "CellTimeoutError", "evalue": text,
-                "traceback": [f"CellTimeoutError: {text}"]}
+                f"{self.WALL_FACTOR} times the cell's {self.limit:g} s limit (it slept or waited){RESTARTED}")
+        return _plain_error("CellTimeoutError", text)
 
 
 def _run(channel: Channel, namespace: dict, mine: dict, graded: dict, source: str, kind: str,
