@@ -77,15 +77,15 @@ def serve(op, target, args, kwargs):
     if op == "cell":
         try:
             exec(args[0], namespace)
-            return {"status": "ok", "outputs": [], "refused": []}
+            return {"status": "ok", "outputs": []}
         except Exception as error:
-            return {"status": "error", "outputs": [], "refused": []}
+            return {"status": "error", "outputs": []}
     if op == "lookup":
         return {n: namespace[n] for n in args[0] if n in namespace}
     if op == "begin_test":
         return {"notes": []}
     if op == "end_test":
-        return {"refused": []}
+        return {}
     raise ValueError(op)
 
 

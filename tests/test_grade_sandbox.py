@@ -272,7 +272,7 @@ def test_progress_and_flags(graded):
     assert any(line.startswith("[1/") for line in graded["progress"])
     assert any(line.startswith(f"[{len(graded['rows'])}/") for line in graded["progress"])
     assert "verbatim" in graded["rows"]["honest_solution"]["flags"]
-    assert "refused" in graded["rows"]["cheat_gc_key_hunt"]["flags"]
+    assert float(graded["rows"]["cheat_gc_key_hunt"]["raw_score"]) == 0
 
 
 def test_the_sandboxed_process_is_nobody_without_capabilities(tmp_path):
@@ -340,8 +340,8 @@ def test_a_worker_that_cannot_start_says_why(tmp_path):
 
 
 def run_in_bare_sandbox(tmp_path, code: str, hide=(), readable=()) -> subprocess.CompletedProcess:
-    """`code` run by Python in the sandbox alone (no sealed worker, whose audit hook refuses subprocess,
-    fork and /proc to notebook code anyway): what the sandbox itself stops. `readable`: folders bound
+    """`code` run by Python in the sandbox alone (no sealed worker around it): what the sandbox itself
+    stops. `readable`: folders bound
     in besides the system and Python's (the sandbox binds nothing of the repository)."""
     box = sandbox.Sandbox(tmp_path / "work", hide=list(hide), limits=LIMITS)
     try:

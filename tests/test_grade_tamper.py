@@ -68,13 +68,15 @@ def test_a_verbatim_copy_of_the_reference_is_flagged_not_zeroed(graded):
     assert not any("verbatim" in flag for flag in graded["honest_own_subclass"]["flags"])
 
 
-def test_tampering_and_probing_are_flagged_for_the_instructor(graded):
+def test_tampering_and_probing_earn_nothing_and_nothing_is_refused_for_its_words(graded):
     # the host's copy of the checks replaced: the judge runs its own, so nothing is earned, and no list
-    # of names refuses the cell (it earns nothing because the stubs fail the judge's checks)
+    # of names refuses the cell (it earns nothing because the stubs fail the judge's checks); walking the
+    # garbage collector, a tracing hook or /proc in the host runs, finds nothing of value, and earns 0
     assert set(graded["cheat_noop_checks"]["earned"].values()) == {0}
     assert not any("graded notebooks may not" in m for m in graded["cheat_noop_checks"]["messages"].values())
-    assert any("refused" in f and "garbage collector" in f for f in graded["cheat_gc_key_hunt"]["flags"])
-    assert any("refused" in f and "tracing hook" in f for f in graded["cheat_settrace"]["flags"])
+    for probe in ("cheat_gc_key_hunt", "cheat_settrace", "cheat_proc_memory", "cheat_helper_globals"):
+        assert set(graded[probe]["earned"].values()) == {0}, graded[probe]["messages"]
+        assert not any("may not" in text for text in [*graded[probe]["flags"], *graded[probe]["messages"].values()])
 
 
 def test_a_renamed_copy_typed_into_the_cell_is_flagged_by_meaning(graded):
@@ -91,8 +93,6 @@ def test_code_made_at_run_time_is_not_the_learners_own_work(graded):
     messages = graded["own_recompiled_reference"]["messages"]
     assert "physical_slot is not defined in any of your cells" in messages[SLOT] and OWN in messages[SLOT], messages
     assert "BlockAllocator is not defined in any of your cells" in messages["ch98_test_allocator"], messages
-    refused = " ".join(graded["own_recompiled_reference"]["flags"])
-    assert "compile code under the file name '<learner ch98_physical_slot>'" in refused, refused
 
 
 def test_honest_habits_around_the_solution_keep_every_point_and_raise_no_flag(graded):
@@ -101,17 +101,6 @@ def test_honest_habits_around_the_solution_keep_every_point_and_raise_no_flag(gr
     assert not any("refused" in flag or "may not" in flag for flag in got["flags"]), got["flags"]
 
 
-def test_memory_and_helper_probes_are_refused_and_flagged(graded):
-    assert any("read the process's memory or files in /proc" in f for f in graded["cheat_proc_memory"]["flags"])
-    assert any("garbage collector" in f for f in graded["cheat_helper_globals"]["flags"])
+def test_the_chapters_helper_reaches_only_the_learners_own_code(graded):
     # the chapter's helper calls the host engine's stub, which calls the learner's own physical_slot
     assert any(OWN in m for m in graded["own_via_chapter_helper"]["messages"].values())
-
-
-@pytest.mark.parametrize("path, inside", [
-    ("/proc/self/mem", True), ("/proc//self/mem", True), ("/proc/self/../self/maps", True), ("/proc", True),
-    ("/proc/./thread-self/environ", True), (b"/proc/1/mem", True), ("/proc/12345", True),
-    ("/proc/cpuinfo", False), ("/procedure/self/mem", False), ("/tmp/proc/self/mem", False), (3, False)])
-def test_every_spelling_of_a_process_folder_is_seen(path, inside):
-    from engine.course.grading.sealed.host import process_path
-    assert process_path(path) is inside

@@ -15,9 +15,10 @@ written to build/test-course/hub-e2e-times.json.
 A fourth student, in a plain login shell (no browser), tries to spoil it: renames the course's exchange
 folder, lists inbound/, reads the install's solutions/ and reference engine, submits a blank notebook
 under another student's name, a folder of no submission's name and one with no submission_secret.txt,
-and hands in a fork bomb and a memory hog of their own. Each is refused (its message is kept in the
-times file), and the class is graded and its feedback released regardless, with the sandbox's limits in
-force for the instructor; a fork bomb and a memory hog run in the bare sandbox as the instructor are
+and hands in a fork bomb and a memory hog of their own. Each attempt is refused (its message is kept in
+the times file), the fork bomb and the memory hog meet the sandbox's limits (nothing in the notebook's
+process refuses a fork: the sandbox bounds it), and the class is graded and its feedback released
+regardless; a fork bomb and a memory hog run in the bare sandbox as the instructor are
 contained. The teardown (accounts.py --remove) leaves no account, exchange folder or hub state.
 
 Skips, in one line, where Chromium, npm, root or the shared install is missing; never under CI=true.
@@ -384,7 +385,7 @@ def test_a_class_on_jupyterhub_through_the_exchange_in_a_browser():
                 " ".join(out.get("text", "") if isinstance(out.get("text"), str) else "".join(out.get("text", []))
                          or f"{out.get('ename')}: {out.get('evalue')}" for out in cell.get("outputs", [])).strip()
                 for cell in graded["cells"]}
-        assert "refused os.fork" in said["ch02_physical_slot"], said["ch02_physical_slot"]
+        assert "no fork:" in said["ch02_physical_slot"], said["ch02_physical_slot"]   # past the sandbox's processes
         assert "RemoteGone" in said["ch02_slot_index"] or "Memory" in said["ch02_slot_index"], said["ch02_slot_index"]
         refusals["the fork bomb's cell, graded"] = said["ch02_physical_slot"]
         refusals["the memory hog's cell, graded"] = said["ch02_slot_index"]

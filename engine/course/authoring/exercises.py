@@ -5,8 +5,8 @@ functions and classes) and, for a class, the *taught* methods (those holding a `
 region, which is what `#| include ... solve=` marks); methods without one are given and may stay the
 engine's. The include directive names the engine's reference, whose code must not stand in for the
 learner's. The sealed worker (engine.course.grading.sealed.host) uses this plan; `own_work_flags` compares a
-submission's taught code with the reference source (a verbatim copy is flagged, not zeroed) and
-`suspicious_flags` lists grader-probing tools a submission uses, both for the instructor.
+submission's taught code with the reference source (a verbatim copy is flagged for the instructor, not
+zeroed).
 """
 from __future__ import annotations
 
@@ -21,15 +21,6 @@ from engine.course import cells
 from engine.course.authoring.source import load_chapter
 
 DIRECTIVE = re.compile(r"^#\|\s*include\s+(?P<path>[^\s:]+)::(?P<name>[A-Za-z_][\w.,]*)(?:\s+solve=(?P<solve>\S+))?")
-# Tools a learner's solution has no use for, that code probing or forging the grader would need.
-SUSPICIOUS = {
-    r"\bctypes\b": "ctypes", r"\bgc\.get_(objects|referrers|referents)\b": "gc object walks",
-    r"\bsys\._getframe\b|\binspect\.(currentframe|stack)\b|\btb_frame\b|\bf_back\b": "frame inspection",
-    r"\bmarshal\b": "marshal", r"__code__|co_filename|CodeType": "code objects",
-    r"/proc/": "/proc", r"\bsys\.modules\b": "sys.modules", r"\bsettrace\b|\bsetprofile\b": "trace hooks",
-    r"\bengine\.checks\b|\bfrom engine\.checks\b": "the checks module", r"\bos\._exit\b": "os._exit",
-    r"\bsetattr\s*\(\s*(torch|engine|builtins)": "patching a library", r"\baddaudithook\b": "audit hooks",
-}
 
 
 @dataclass
@@ -209,7 +200,3 @@ def own_work_flags(plan: Plan, learner_cells: dict[str, str]) -> list[str]:
     return flags
 
 
-def suspicious_flags(learner_sources: list[str]) -> list[str]:
-    """Grader-probing tools the learner's own code mentions (for the instructor to look at)."""
-    text = "\n".join(learner_sources)
-    return sorted({label for pattern, label in SUSPICIOUS.items() if re.search(pattern, text)})

@@ -33,7 +33,6 @@ FLAG_CODES = [
     ("OWN", r"not the learner's own code|must be your own", "the engine's reference used instead of own code"),
     ("TAMPER", r"tampering|changed during the test|put back", "the notebook patched the course's code (put back)"),
     ("CHANNEL", r"result channel", "the notebook wrote to the grader's channel"),
-    ("PROBE", r"^refused|^uses ", "grader-probing calls (refused) or tools"),
     ("EDITED", r"cells were changed", "the chapter's own cells were edited (put back)"),
     ("ERROR", r"grading failed", "the grader failed on this notebook"),
     ("LATE", r"^late:", "submitted after the due date (penalty applied)"),

@@ -54,7 +54,7 @@ class ChapterGrade:
     notebook: str
     exercises: list[Exercise] = field(default_factory=list)
     seconds: float = 0.0
-    flags: list[str] = field(default_factory=list)     # for the instructor: own work, tampering, probing
+    flags: list[str] = field(default_factory=list)     # for the instructor: own work, copies, tampering
     changes: list[str] = field(default_factory=list)   # where the notebook could not be graded as written
 
     @property
@@ -162,7 +162,7 @@ class SealedRun:
 def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=None, wrap=None,
                env: dict | None = None) -> SealedRun:
     """Run a learner notebook in the sealed worker (engine.course.grading.sealed.host): each cell's outputs set, each
-    graded test's verdict signed; the flags (own work, tampering, probing) for the instructor."""
+    graded test's verdict signed; the flags (own work, copies, tampering) for the instructor."""
     chapter = chapter if chapter is not None else exercises.load_any(chapter_path)
     plan = exercises.plan_for(chapter_path, chapter)
     changes: list[str] = []
@@ -202,16 +202,10 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
                 _flag(flags, cell, run)
                 if not run.usable:
                     _restart(kernel, ran_cleanly, timeout, names)
-        if kernel.refused:
-            flags.append("refused: " + ", ".join(sorted(set(kernel.refused))))
         if kernel.tampered_channel:
             flags.append("the notebook's code wrote to the grader's result channel")
     learner_code = {cells.grade_id(c): c.source for c in to_run if cells.is_solution(c) and c.cell_type == "code"}
     flags += exercises.own_work_flags(plan, learner_code)
-    own_sources = [c.source for c in to_run if c.cell_type == "code" and cell_kind(c) == "learner"]
-    probing = exercises.suspicious_flags(own_sources)
-    if probing:
-        flags.append("uses " + ", ".join(probing))
     return SealedRun(to_run, failed_above, flags, changes)
 
 

@@ -155,7 +155,6 @@ class SealedKernel:
         self.kernel_socket = self.kernel_process = None   # the judge's requests for a kernel process; the one it has
         self.host_home = host_home or ENGINE_HOME
         self.host_copy: str | None = None    # private_copy(host_home), made on entry, removed on exit
-        self.refused: list[str] = []     # what the worker refused learner code (for the instructor)
         self.tampered_channel = False
 
     def __enter__(self) -> "SealedKernel":
@@ -427,7 +426,6 @@ class SealedKernel:
         if message is None:
             why = "the notebook's code wrote to the grader's result channel" if self.tampered_channel else ENDED
             return CellRun("dead", [_error("DeadKernelError", why)], usable=False)
-        self.refused += message.get("refused", [])
         outputs = [NotebookNode(output) for output in message["outputs"]]
         for output in outputs:
             if output.get("output_type") == "error":

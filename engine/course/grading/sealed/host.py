@@ -10,12 +10,10 @@ can do to a score is answer the checks' questions. It imports its own copy of th
 chapter's own cells use (edition.host_checks), on a path with nothing else of the course
 (engine.course.grading.kernel.host_argv).
 
-What it still does beside running cells:
+Nothing in it refuses what learner code does: it holds nothing of value (no key, no answers, nothing of
+the judge's), so a scratch cell may import, open, inspect and print what it likes. What confines it is
+the sandbox around it. What it still does beside running cells:
 
-- **Refusals.** An audit hook, installed first, refuses what learner code could use to probe a grader
-  it shares a machine with (the judge's memory holds the key): frame and garbage-collector
-  introspection, ctypes, tracing hooks, building code objects, /proc, starting programs. What it
-  refused is reported, for the instructor.
 - **CPU time.** A cell, and the host's answers during a test, may use the CPU seconds the judge grants
   (cpu_limit): a busy machine slows them down without making them need more.
 - **The chapter's names.** Before each test the names the chapter's cells bound are bound again.
@@ -25,81 +23,15 @@ from __future__ import annotations
 import builtins
 import io
 import os
-import re
 import signal
 import sys
-import sysconfig
 import threading
 import traceback
 import types
 
 from engine.course.cells import LEARNER_PREFIX, TRUSTED_PREFIX
 
-ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))) + os.sep
 MAX_STREAM_CHARS = 50_000        # per cell and stream: a flood of prints is cut, not shipped
-
-# Events refused when the first frame above them that is neither library nor engine code is learner code.
-BLOCKED_EVENTS = {
-    "gc.get_objects": "walk the garbage collector's objects",
-    "gc.get_referrers": "walk the garbage collector's objects",
-    "gc.get_referents": "walk the garbage collector's objects",
-    "sys._current_frames": "inspect other frames",
-    "sys._getframe": "inspect frames",
-    "sys.settrace": "install a tracing hook",
-    "sys.setprofile": "install a profiling hook",
-    "code.__new__": "build code objects",
-    "function.__new__": "build functions from code objects",
-    "marshal.loads": "load raw bytecode",
-    "marshal.load": "load raw bytecode",
-}
-BLOCKED_PREFIXES = ("ctypes.", "_ctypes")
-FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"}
-FUNCTION_ATTRIBUTES = {"__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__"}
-# /proc itself and every process's folder in it (memory, maps, fds, environment), however the path is
-# spelled: `/proc//self/mem`, `..`, a relative path after chdir, a symbolic link.
-PROC_PROCESS = re.compile(r"^/proc(/+(self|thread-self|\d+)(/.*)?)?/*$")
-# Starting another program: it would run outside this worker's audit hook (and could read its memory).
-PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-                  "os.forkpty", "pty.spawn", "os.startfile")
-PATH_EVENTS = ("open", "os.listdir", "os.scandir", "os.chdir", "os.symlink", "os.link", "shutil.copyfile",
-               "os.truncate", "os.rename")
-
-
-def process_path(path) -> bool:
-    """Whether `path` (str, bytes or path-like; relative to the cwd) names /proc or a process's folder
-    in it, before or after resolving `.`, `..`, repeated slashes and symbolic links."""
-    try:
-        text = os.fsdecode(os.fspath(path))
-    except TypeError:
-        return False                       # a file descriptor: opened already, by a path checked then
-    absolute = text if text.startswith("/") else os.path.join(os.getcwd(), text)
-    spellings = (absolute, os.path.normpath(absolute), os.path.realpath(absolute))
-    return any(PROC_PROCESS.match(spelling) for spelling in spellings)
-def _library_prefixes() -> tuple[str, ...]:
-    paths = set()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        for scheme_vars in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
-            try:
-                paths.add(os.path.realpath(sysconfig.get_path(key, vars=scheme_vars or None)))
-                paths.add(sysconfig.get_path(key, vars=scheme_vars or None))
-            except (KeyError, TypeError):
-                pass
-    for path in sys.path:
-        if path and ("site-packages" in path or "dist-packages" in path or path.startswith(sys.base_prefix)):
-            paths.add(path)
-    return tuple(sorted(p.rstrip(os.sep) + os.sep for p in paths if p and p not in ("/", ENGINE_DIR)))
-
-
-def kind_of(filename: str, libraries: tuple[str, ...]) -> str:
-    """trusted (a chapter cell), engine (engine/, the grader included), library, or learner."""
-    if filename.startswith(TRUSTED_PREFIX):
-        return "trusted"
-    if filename.startswith(ENGINE_DIR):
-        return "engine"
-    if filename.startswith(libraries) or filename.startswith("<frozen"):
-        return "library"
-    return "learner"
-
 
 # ----------------------------------------------------------------------------- running cells
 
@@ -247,68 +179,6 @@ def not_dumpable() -> bool:
         return False
 
 
-def _audit_hook(state: dict, libraries: tuple):
-    """The hook that refuses, when the first frame above the event that is neither library nor engine
-    code is learner code, what BLOCKED_EVENTS and the path, process and compile rules name."""
-    guard = [False]
-
-    def audit_hook(event, args, _libs=libraries, _kind=kind_of, _blocked=BLOCKED_EVENTS,
-                   _harness=os.path.abspath(__file__)):
-        reason, refusal = _refused(event, args, _blocked)
-        if reason is None or guard[0]:
-            return
-        if reason == "":
-            raise RuntimeError("graded code may not add audit hooks")
-        if event == "compile" and len(args) > 1 and not args[1].startswith("<"):
-            event = "marshal.compile"      # an import compiling a library file is fine: only direct calls
-        guard[0] = True
-        try:
-            frame = sys._getframe(1)
-            immediate = True
-            while frame is not None:
-                kind = _kind(frame.f_code.co_filename, _libs)
-                # A chapter cell's function does not vouch for its caller: the walk goes on to the grader.
-                if kind == "learner":
-                    # Loading bytecode or setting a function's code: only learner code doing it itself
-                    # (the standard library's namedtuple sets its functions' defaults).
-                    if (event.startswith("marshal.") or event == "object.__setattr__") and not immediate:
-                        return
-                    state["events"].append(reason)
-                    raise refusal(f"graded code may not {reason} (the grader refused {event})")
-                if kind == "engine" and frame.f_code.co_filename == _harness:
-                    return  # the grader's own code (learner code it runs sits above it on the stack)
-                immediate = False
-                frame = frame.f_back
-        finally:
-            guard[0] = False
-    return audit_hook
-
-
-def _refused(event: str, args: tuple, blocked: dict):
-    """(why an event is refused, the exception to raise), (None, None) when it is not, ("", ...) for
-    another audit hook."""
-    reason = blocked.get(event)
-    if reason is not None:
-        return reason, ValueError
-    if event.startswith(BLOCKED_PREFIXES):
-        return "use ctypes", ValueError
-    if event == "sys.addaudithook":
-        return "", RuntimeError
-    if event == "object.__getattr__" and args[1] in FRAME_ATTRIBUTES:
-        return "inspect frames", ValueError
-    if event == "object.__setattr__" and args[1] in FUNCTION_ATTRIBUTES:
-        return f"replace a function's {args[1]}", ValueError
-    if event in PATH_EVENTS and any(process_path(arg) for arg in args[:2]
-                                    if isinstance(arg, (str, bytes, os.PathLike))):
-        return "read the process's memory or files in /proc", PermissionError
-    if event.startswith(PROCESS_EVENTS):
-        return "start another program", PermissionError   # an OSError: libraries that try a tool handle it
-    if event == "compile" and len(args) > 1 and isinstance(args[1], str) and not (
-            args[1].startswith("<") and not args[1].startswith((TRUSTED_PREFIX, LEARNER_PREFIX, "<frozen"))):
-        return f"compile code under the file name {args[1]!r}", ValueError
-    return None, None
-
-
 def _prepare(plan: dict) -> None:
     """What the chapter's cells need, imported before any learner code runs (and recorded after)."""
     if plan.get("mpl_agg", True):
@@ -326,8 +196,8 @@ def _prepare(plan: dict) -> None:
 class Host:
     """The notebook's namespace and what the judge asks of it: cells, names, and a test's start and end."""
 
-    def __init__(self, libraries: tuple, state: dict, graded: set[str]):
-        self.libraries, self.state, self.graded = libraries, state, graded
+    def __init__(self, graded: set[str]):
+        self.graded = graded
         main_module = types.ModuleType("__main__")  # the notebook's namespace, as in a kernel
         self.namespace = main_module.__dict__
         self.namespace["__builtins__"] = builtins
@@ -372,12 +242,7 @@ class Host:
                 pass
         if kind == "trusted":     # what the chapter's cell bound, even one that stopped part way, is the chapter's
             self.trusted_bindings.update((b, self.namespace[b]) for b in _names_bound(source) if b in self.namespace)
-        return {"status": status, "outputs": outputs, "refused": self.events()}
-
-    def events(self) -> list:
-        events = sorted(set(self.state["events"]))
-        self.state["events"].clear()
-        return events
+        return {"status": status, "outputs": outputs}
 
     def begin_test(self, source: str, names: list, cpu: float | None = None) -> dict:
         """Before the judge runs a test: bind the chapter's names again (the judge reads those its own
@@ -394,9 +259,9 @@ class Host:
                 if rebound else []}
 
     def end_test(self) -> dict:
-        """After the test: what the audit hook refused while it ran (for the instructor)."""
+        """After the test: its CPU time stops."""
         cpu_limit(None)
-        return {"refused": self.events()}
+        return {}
 
     def serve(self, op, target, args, kwargs):
         if op == "cell":
@@ -424,13 +289,10 @@ def main() -> None:
         plan = channel._receive()["plan"]
     except (RemoteGone, KeyError, TypeError):
         return
-    libraries = _library_prefixes()
-    state = {"events": []}
-    sys.addaudithook(_audit_hook(state, libraries))
     signal.signal(signal.SIGPROF, _out_of_cpu)
     _prepare(plan)
     graded = set(plan.get("graded", {})) | {n for specs in plan.get("graded_by_cell", {}).values() for n in specs}
-    host = Host(libraries, state, graded)
+    host = Host(graded)
     channel.serve = host.serve
     channel._send({"ready": True})
     while True:

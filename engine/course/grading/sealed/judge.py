@@ -10,7 +10,7 @@ the names a test reads that the learner defined are `Remote`s for the host's obj
 (engine.course.grading.sealed.kernels) and launches in the kernel process the grader starts for it.
 Whether a test may count is decided here from the cells' text (engine.course.grading.sealed.decide: own
 work, refusals; likeness: copies of the reference).
-What the host reports (the chapter's names it bound again, what it refused) is shown, never deciding,
+What the host reports (the chapter's names it bound again) is shown, never deciding,
 and a host reply that does not fit its schema costs the cell. Time is the host's CPU time and a
 wall-clock backstop counted only while the judge waits for the host (Budget).
 """
@@ -179,13 +179,12 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
             if shadow is not None and kind != "test":
                 _shadow_run(shadow, source, name)
         except TooSlow:
-            message = {"status": "stuck", "outputs": [budget.exceeded()], "verdict": {}, "refused": []}
+            message = {"status": "stuck", "outputs": [budget.exceeded()], "verdict": {}}
         except (TooLarge, OutOfTurn) as bound:   # past a bound, or a request: nothing earned, both restart
             message = {"status": "stuck", "outputs": [_plain_error(type(bound).__name__, f"{bound}{RESTARTED}")],
-                       "verdict": {}, "refused": []}
+                       "verdict": {}}
         except RemoteGone as gone:
-            message = {"status": "dead", "outputs": [_plain_error(type(gone).__name__, str(gone))], "verdict": {},
-                       "refused": []}
+            message = {"status": "dead", "outputs": [_plain_error(type(gone).__name__, str(gone))], "verdict": {}}
         channel.allowance = None
         message["seq"] = seq
         send(message)
@@ -236,8 +235,7 @@ def _run(channel: Channel, namespace: dict, mine: dict, graded: dict, source: st
             mine.setdefault(_CHAPTER_NAMES, set()).update(_imported(source))
             if _run_here(channel, namespace, mine, graded, source, name, built, quiet=True)[0] == "ok":
                 mine.update((n, namespace[n]) for n in _names_bound(source) if n in namespace)
-        return {"status": result["status"], "outputs": result["outputs"], "verdict": {},
-                "refused": result.get("refused", [])}
+        return {"status": result["status"], "outputs": result["outputs"], "verdict": {}}
     begin = _checked(channel.request("begin_test", None, source, sorted(_names_read(source) & set(graded)),
                                      budget.cpu), BEGIN_REPLY)
     status, outputs = _run_here(channel, namespace, mine, graded, source, name, built, quiet=False)
@@ -250,7 +248,7 @@ def _run(channel: Channel, namespace: dict, mine: dict, graded: dict, source: st
         status = "error"
         outputs.insert(0, {"output_type": "error", "ename": "GradingRefused", "evalue": " ".join(reasons),
                            "traceback": ["GradingRefused: " + " ".join(reasons)]})
-    return {"status": status, "outputs": outputs, "verdict": verdict, "refused": end.get("refused", [])}
+    return {"status": status, "outputs": outputs, "verdict": verdict}
 
 
 def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, source: str, name: str,
@@ -367,9 +365,9 @@ def _not_a_kernel(why: str):
     return refused
 
 
-CELL_REPLY = {"status": str, "outputs": list, "refused": list}
+CELL_REPLY = {"status": str, "outputs": list}
 BEGIN_REPLY = {"notes": list}
-END_REPLY = {"refused": list}
+END_REPLY: dict = {}
 _OUTPUT_TYPES = {"stream", "error", "display_data", "execute_result"}
 
 
@@ -399,7 +397,7 @@ def _checked(reply, schema: dict) -> dict:
 
 MALFORMED = "the notebook's process sent the grader a malformed reply: this cell does not count"
 MAX_OUTPUT_CHARS = 200_000       # a cell's outputs, all together, as the host sent them
-MAX_NOTES = 50                   # entries of a list the host reports (refusals, notes)
+MAX_NOTES = 50                   # entries of a list the host reports (its notes)
 
 
 def _bounded(outputs: list) -> list:
