@@ -552,18 +552,12 @@ class Channel:
         if op == "setattr":
             setattr(target, args[0], args[1])
             return None
-        if op == "delattr":
-            delattr(target, args[0])
-            return None
         if op == "call":
             return target(*args, **kwargs)
         if op == "getitem":
             return target[args[0]]
         if op == "setitem":
             target[args[0]] = args[1]
-            return None
-        if op == "delitem":
-            del target[args[0]]
             return None
         if op == "len":
             return len(target)
@@ -579,12 +573,6 @@ class Channel:
             return str(target)
         if op == "bool":
             return bool(target)
-        if op == "eq":
-            return target == args[0]
-        if op == "hash":
-            return hash(target)
-        if op == "dir":
-            return [str(n) for n in dir(target)]
         if self.serve is not None:
             return self.serve(op, target, args, kwargs)
         raise ValueError(f"unknown operation {op!r}")
@@ -733,10 +721,6 @@ class Remote:
         self._channel.methods.get(self._id, set()).discard(name)     # set on the object: it hides the class's
         self._ask("setattr", name, value)
 
-    def __delattr__(self, name):
-        self._channel.methods.get(self._id, set()).discard(name)
-        self._ask("delattr", name)
-
     def __call__(self, *args, **kwargs):
         return self._ask("call", *args, **kwargs)
 
@@ -745,9 +729,6 @@ class Remote:
 
     def __setitem__(self, key, value):
         self._ask("setitem", key, value)
-
-    def __delitem__(self, key):
-        self._ask("delitem", key)
 
     def __len__(self):
         return self._ask("len")
@@ -799,33 +780,9 @@ class Remote:
     def __name__(self):
         return self._info.get("name") or self._ask("getattr", "__name__")
 
-    # A remote list or dict in arithmetic and ordering: its contents, as data.
+    # A remote list joined with another: its contents, as data.
     def __add__(self, other):
         return Remote.plain_copy(self) + _contents(other)
-
-    def __radd__(self, other):
-        return _contents(other) + Remote.plain_copy(self)
-
-    def __mul__(self, other):
-        return Remote.plain_copy(self) * _contents(other)
-
-    def __lt__(self, other):
-        return Remote.plain_copy(self) < _contents(other)
-
-    def __le__(self, other):
-        return Remote.plain_copy(self) <= _contents(other)
-
-    def __gt__(self, other):
-        return Remote.plain_copy(self) > _contents(other)
-
-    def __ge__(self, other):
-        return Remote.plain_copy(self) >= _contents(other)
-
-    def __reversed__(self):
-        return reversed(Remote.plain_copy(self))
-
-    def __index__(self):
-        return int(self._ask("copy"))
 
     def __mro_entries__(self, bases):
         raise TypeError("a class of the learner's process cannot be subclassed in the judge's: build the "
@@ -840,12 +797,6 @@ class Remote:
     def call_there(remote, fn, *args, **kwargs):
         """Call the engine's `fn` (by its module and name) in the process `remote` lives in."""
         return remote._channel.request("call_engine", None, fn.__module__, fn.__qualname__, *args, **kwargs)
-
-    def __enter__(self):
-        return self._ask("getattr", "__enter__")()
-
-    def __exit__(self, *exc):
-        return self._ask("getattr", "__exit__")(None, None, None)
 
 
 _FORWARDED_DUNDERS = {"__qualname__", "__wrapped__", "__func__", "__self__", "__signature__", "__annotations__",
