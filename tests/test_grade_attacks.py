@@ -3,10 +3,12 @@
 Each attack (tests/fixtures/hostile_notebooks.py) is a notebook a learner could hand in: the judge's own
 swap kept through the cache a check handed the scheduler (ch07), an exercise raising the student
 edition's "not written yet" so the checks skip it (ch05), a host that adds the checks themselves to its
-answer to the judge's lookup (ch03, from the release notebook), an exercise answering with 20 million
-values (ch02). Each control is the same notebook with that exercise honestly unwritten. An attack passes
-no test its control fails, the flood costs only its own test (in seconds under `make grade` too), and a
-classmate who hands in every attacked chapter's solution keeps full marks and unchanged files.
+answer to the judge's lookup (ch03, from the release notebook), kernels whose bodies reach Python's
+builtins and try to blank the checks and every result record in the class (ch06, from the release
+notebook), an exercise answering with 20 million values (ch02). Each control is the same notebook with
+that exercise honestly unwritten. An attack passes no test its control fails, the flood costs only its
+own test (in seconds under `make grade` too), and a classmate who hands in every attacked chapter's
+solution keeps full marks and unchanged files.
 `python tests/fixtures/attack_runs.py grade` prints each attack's points under `make grade`.
 """
 import pytest

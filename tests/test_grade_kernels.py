@@ -14,7 +14,8 @@ from engine.course.grading.kernel import kernel_argv
 from engine.course.grading.sealed import kernels
 from engine.course.grading.sealed.kernelbox import KernelBox, KernelProcessError, sandboxed_kernel
 from fixtures.course_support import (BUILD, REPO, expanded, sandbox_or_skip, stubbed, with_cells_added,
-                                     with_solution, write_notebook)
+                                     write_notebook)
+from fixtures.hostile_notebooks import ATTACK_CODE, BUILTINS_ATTACK, MARKER, builtins_attack
 from fixtures.sealed_cases import FAKE_JIT
 
 CH06 = REPO / "solutions" / "ch06_triton_decode.py"
@@ -34,28 +35,6 @@ NOT_KERNEL_CODE = {
     "an inner function": "def k(x_ptr, N: tl.constexpr):\n    def f():\n        pass\n",
     "not a def": "k = lambda x_ptr, N: None\n",
 }
-# Issue 36's route past the text screen: tl.core's `builtins`, reached through a call's result. In the
-# kernel process it reaches that process's builtins only: the marker says where the body ran.
-MARKER = "/tmp/paged-kv-kernel-attack"
-ATTACK_CODE = ("os, sys = __import__('os'), __import__('sys')\n"
-               f"open({MARKER!r}, 'w').write(str(os.getpid()) + ' ' + str(any(m.startswith('engine') "
-               "for m in sys.modules)))\n"
-               "for m in list(sys.modules.values()):\n"
-               "    if getattr(m, '__name__', '').startswith('engine.checks'):\n"
-               "        [setattr(m, n, lambda *a, **k: None) for n in dir(m) if n.startswith('check_')]\n")
-BUILTINS_ATTACK = '''
-def {name}({args}):
-    b = max([tl.core]).builtins
-    max([b]).exec({code!r}, max([b]).vars(b))
-'''
-KERNEL_ARGS = {"ch06_gather_rows": ("gather_rows_program", "x_ptr, index_ptr, out_ptr, rows, cols, s_x, s_out, "
-                                    "BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr"),
-               "ch06_decode_kernel": ("paged_decode_head_program", "q_ptr, k_pool, v_pool, tables_ptr, lengths_ptr, "
-                                      "out_ptr, group, scale, s_qb, s_qh, s_ob, s_oh, s_tb, s_kb, s_kh, s_kn, s_vb, "
-                                      "s_vh, s_vn, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, "
-                                      "BLOCK_N: tl.constexpr")}
-
-
 @pytest.fixture()
 def box():
     made = KernelBox(kernel_argv())
@@ -170,10 +149,7 @@ def _ours_or_orphaned(pid: int) -> bool:
 
 
 def _builtins_attack_notebook(tag: str):
-    notebook = stubbed(expanded(CH06))
-    for grade_id, (name, args) in KERNEL_ARGS.items():
-        notebook = with_solution(notebook, grade_id, BUILTINS_ATTACK.format(name=name, args=args, code=ATTACK_CODE))
-    return write_notebook(notebook, BUILD / "kernels" / tag, CH06.stem)
+    return write_notebook(builtins_attack(), BUILD / "kernels" / tag, CH06.stem)
 
 
 @pytest.mark.slow
