@@ -29,8 +29,9 @@ def one_thread():
 # The files that take minutes (grading runs, the book build, JupyterLab and Chromium) run first, so that
 # `make test`'s two workers (-n 2 --dist loadfile --no-loadscope-reorder) do not end on one long file
 # while the other idles, and the book is built before the browser tests that read it start.
-SLOWEST_FIRST = ["test_course_pipeline.py", "test_lab_notebooks.py", "test_course_book.py", "test_grade_sandbox.py",
-                 "test_grade_tamper.py", "test_course_class.py", "test_course_cluster.py", "test_course_browser.py"]
+SLOWEST_FIRST = ["test_course_pipeline.py", "test_lab_notebooks.py", "test_course_book.py", "test_hub_e2e.py",
+                 "test_grade_sandbox.py", "test_grade_edition.py", "test_grade_attacks.py", "test_grade_tamper.py",
+                 "test_course_class.py", "test_course_cluster.py", "test_course_browser.py"]
 
 
 def pytest_collection_modifyitems(items):
