@@ -13,12 +13,11 @@ from engine.course.grading.grade import grade_notebook, sandboxed_grade
 from engine.course.grading.kernel import kernel_argv
 from engine.course.grading.sealed import kernels
 from engine.course.grading.sealed.kernelbox import KernelBox, KernelProcessError, sandboxed_kernel
-from fixtures.course_support import (BUILD, REPO, expanded, sandbox_or_skip, stubbed, with_cells_added,
+from fixtures.course_support import (BUILD, expanded, sandbox_or_skip, stubbed, with_cells_added,
                                      write_notebook)
-from fixtures.hostile_notebooks import ATTACK_CODE, BUILTINS_ATTACK, MARKER, builtins_attack
+from fixtures.hostile_notebooks import ATTACK_CODE, BUILTINS_ATTACK, CH06, MARKER, builtins_attack
 from fixtures.sealed_cases import FAKE_JIT
 
-CH06 = REPO / "solutions" / "ch06_triton_decode.py"
 DOUBLE = '''
 SCALE = 2
 def double_program(x_ptr, N: tl.constexpr):
