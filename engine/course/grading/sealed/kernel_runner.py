@@ -3,7 +3,7 @@
 It runs as `python -I -S -c <this file's text>` (engine.course.grading.kernel.kernel_argv), started by the
 grader when the judge asks for it and in the sandbox where the host runs in one, with nothing of the
 course on its path and no key: it imports torch and triton only. Each request is one launch (the
-kernel's text, already screened by engine.course.grading.sealed.kernels, its constants, the grid, the arguments
+kernel's text, as engine.course.grading.sealed.kernels took it from the cell, its constants, the grid, the arguments
 with each tensor as a view of a storage, the storages' bytes); the reply is every storage's bytes after
 the launch, or the error as plain strings. The judge (engine.course.grading.sealed.kernelbox) trusts nothing it
 says beyond bytes of the sizes it sent.
@@ -15,14 +15,12 @@ load with its mask on began. That is all a watch reports: which bytes the kernel
 mean (an entry past a block-table row's end) is for the judge to say; a compiled launch is not
 watched (its bytes stay 0), as in the lab.
 """
-import builtins
 import json
 import os
 import struct
 import traceback
 
 HEADER = struct.Struct("!QQ")          # JSON length, then the length of the bytes after it
-BUILTINS = ("range", "min", "max", "float", "int", "bool", "len", "abs")
 
 
 def _read(stream, size: int) -> bytes:
@@ -130,8 +128,7 @@ def main() -> None:
             key = (name, text, json.dumps(request["constants"], sort_keys=True))
             if key not in built:
                 linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-                namespace = {"tl": tl, "triton": triton, **request["constants"],
-                             "__builtins__": {n: getattr(builtins, n) for n in BUILTINS}}
+                namespace = {"tl": tl, "triton": triton, **request["constants"]}
                 exec(compile(text, filename, "exec"), namespace)
                 built[key] = triton.jit(namespace[name])
             storages, at = [], 0

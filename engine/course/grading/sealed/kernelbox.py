@@ -3,15 +3,16 @@
 A Triton kernel's body runs as Python in the interpreter (and its compiler runs on a GPU), so the judge
 never builds or launches one. It hands the checks a `SandboxedKernel` instead: a Triton kernel to the
 engine's launchers (`kernel[grid](...)`), whose launch sends the kernel's text (as
-engine.course.grading.sealed.kernels screened it), the grid and the arguments as data to a process of its own
-(engine.course.grading.sealed.kernel_runner: fresh per notebook, started with the host's sandbox, no key,
-nothing of the course). In the grader that process is the grader's: the judge asks for one on its kernel
-socket and gets its stdin and stdout (engine.course.grading.kernel.SealedKernel._kernel_request), since inside
-the judge's own sandbox it could not be started in the submission's cgroups. Each tensor argument goes
-as its whole storage (a kernel writes through pointers, past its view too), and comes back as exactly as
-many bytes, which the judge copies into its own tensors; nothing else of the reply is believed but an
-error's type name, message and kernel line, as text. A launch past the cell's wall-clock time or a
-process that crashed fails that launch, and the next one starts a fresh process.
+engine.course.grading.sealed.kernels took it from the cell), the grid and the arguments as data to a
+process of its own (engine.course.grading.sealed.kernel_runner: fresh per notebook, started with the
+host's sandbox, no key, nothing of the course). In the grader that process is the grader's: the judge asks
+for one on its kernel socket and gets its stdin and stdout
+(engine.course.grading.kernel.SealedKernel._kernel_request), since inside the judge's own sandbox it could
+not be started in the submission's cgroups. Each tensor argument goes as its whole storage (a kernel
+writes through pointers, past its view too), and comes back as exactly as many bytes, which the judge
+copies into its own tensors; nothing else of the reply is believed but an error's type name, message and
+kernel line, as text. A launch past the cell's wall-clock time or a process that crashed fails that
+launch, and the next one starts a fresh process.
 
 A check may watch a tensor's loads (`SandboxedKernel.loads_of`, as the lab's check watches the
 interpreter's own): the launch then asks the kernel process for one byte per byte of that storage,
@@ -238,7 +239,7 @@ class Loads:
 
 
 class Program:
-    """A kernel as the judge knows it: its name, its screened text and the cell's constants it reads."""
+    """A kernel as the judge knows it: its name, its text and the cell's constants it reads."""
 
     def __init__(self, name: str, text: str, constants: dict):
         self.name, self.text, self.constants = name, text, constants
