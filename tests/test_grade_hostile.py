@@ -53,7 +53,7 @@ LOOKUP = {
     "no_such_handle": lambda call, names: {"reply": call, "value": {"~": "dict", "v": [
         ["answer", {"~": "ref", "owner": "T", "id": 12345}]]}},
     "forged_method": lambda call, names: {"reply": call, "value": {"~": "dict", "v": [
-        ["answer", {"~": "handed", "id": 12345, "name": "swap_out"}]]}},
+        ["answer", {"~": "method", "owner": "L", "id": 12345, "name": "swap_out"}]]}},
     "class_by_name": lambda call, names: {"reply": call, "value": {"~": "dict", "v": [
         ["answer", {"~": "class", "c": ["builtins", "exec"]}]]}},
     "frozen_object": lambda call, names: {"reply": call, "value": {"~": "dict", "v": [
@@ -106,7 +106,7 @@ while True:
     if op == "call" and pending_call:
         pending_call = False
         raw({"reply": message["call"], "error": forged_error("engine._edition", "NotWrittenYet", [
-            ["engine._edition", "NotWrittenYet"], ["builtins", "NotImplementedError"]], "answer"), "back": []})
+            ["engine._edition", "NotWrittenYet"], ["builtins", "NotImplementedError"]], "answer")})
         continue
     if op == "lookup":
         pending_call = scenario == "fake_not_written"
@@ -123,7 +123,7 @@ SCENARIOS = {"extra_names": "names it did not ask for ('AssertionError', 'check'
              "wrong_key_type": "names it did not ask for (5)",
              "untagged": "an untagged list", "many_values": "more than 1,000,000 values",
              "huge_frame": "the grader's bound is", "no_such_handle": "never sent",
-             "forged_method": "never handed out", "class_by_name": "an unknown value",
+             "forged_method": "holds no reference to", "class_by_name": "an unknown value",
              "frozen_object": "unknown frozen dataclass", "stopping_exception": "forged",
              "out_of_turn": "out of turn", "never": "took more than", "fake_not_written": "forged",
              "asks_the_judge": "the grader answers none", "calls_a_judge_object": "the grader answers none",

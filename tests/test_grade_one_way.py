@@ -102,8 +102,8 @@ def test_data_and_the_engines_names_cross(pair):
 
 @pytest.mark.parametrize("op, args", [("lookup", ()), ("call_engine", ("builtins", "print", "hi")),
                                       ("getattr", ("x",)), ("cell", ("import os", "learner", "c1", None)),
-                                      ("call", ()), ("write_into", ("getattr", "x", 1))],
-                         ids=["lookup", "call_engine", "getattr", "cell", "call", "write_into"])
+                                      ("call", ()), ("callmethod", ("take", 1))],
+                         ids=["lookup", "call_engine", "getattr", "cell", "call", "callmethod"])
 def test_a_request_from_the_host_breaks_the_channel_runs_nothing_and_costs_that_test(pair, op, args):
     """Learner code owning the host sends the judge a request while the judge waits for an answer: the
     judge serves none (whatever it names), the call in flight fails with OutOfTurn, and the channel stays

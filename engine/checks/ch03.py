@@ -324,9 +324,19 @@ def _where_is(cache, layer: int, vector: torch.Tensor) -> list[tuple[int, int]]:
     return [(int(b), int(o)) for b, o in hits]
 
 
+@where_it_lives
 def _fresh_pools(cache) -> None:
+    """Every slot of every pool set to SENTINEL, where the cache lives (a pool read elsewhere is a copy)."""
     for pool in list(cache.k_pools) + list(cache.v_pools):
         pool.fill_(SENTINEL)
+
+
+@where_it_lives
+def _random_pools(cache, seed: int) -> None:
+    """Every pool filled with seeded random values, where the cache lives."""
+    generator = torch.Generator().manual_seed(seed)
+    for pool in list(cache.k_pools) + list(cache.v_pools):
+        pool.copy_(torch.randn(pool.shape, generator=generator))
 
 
 def _write_lens_hint(cache, seqs, got, want_lens, new, layer: int) -> str:
@@ -485,9 +495,7 @@ def _check_gather(cls, block_size: int, seed: int) -> None:
         cache.create(s)
         cache.reserve(s, n)
         cache.set_length(s, n)
-    generator = torch.Generator().manual_seed(seed)
-    for pool in list(cache.k_pools) + list(cache.v_pools):
-        pool.copy_(torch.randn(pool.shape, generator=generator))
+    _random_pools(cache, seed)
     for order in (list(range(len(lengths))), [4, 1], [2]):
         cache.set_batch(order)
         kv_lens = torch.tensor([lengths[s] for s in order])

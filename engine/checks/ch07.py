@@ -597,7 +597,21 @@ def _engine(sched_cls, cache, config=None, model=None, prefix_caching: bool = Tr
     engine.make_request = functools.partial(made_beside, engine.scheduler, Request)
     engine.make_sequence = functools.partial(made_beside, engine.scheduler, Sequence)
     engine._seq_ids = _new_ids(engine.scheduler)
+    engine.generator_of = _own_copies()
     return engine
+
+
+def _own_copies():
+    """Engine.generator_of that keeps a copy of each sequence's generator, read the first time that
+    sequence samples (as its maker seeded it), and draws from that copy after: a generator read from the
+    learner's process is a copy, and a fresh copy each step would draw the same number again."""
+    copies: dict = {}
+
+    def generator_of(seq):
+        if seq.seq_id not in copies:
+            copies[seq.seq_id] = seq.generator
+        return copies[seq.seq_id]
+    return generator_of
 
 
 @where_it_lives

@@ -236,7 +236,29 @@ def _audited(cls):
 
 
 def _write(cache, pool, scales, blocks, offsets, rows):
+    """quantize_into, with what it wrote into pool and scales copied into these (from where it ran)."""
+    written_pool, written_scales = _quantized(cache, pool, scales, blocks, offsets, rows)
+    pool.copy_(written_pool)
+    scales.copy_(written_scales)
+
+
+@where_it_lives
+def _quantized(cache, pool, scales, blocks, offsets, rows):
+    """cache.quantize_into(pool, scales, ...) where the cache lives; returns pool and scales as written
+    (a tensor sent to the learner's process is a copy: what is written there comes back as the answer)."""
     cache.quantize_into(pool, scales, torch.tensor(blocks), torch.tensor(offsets), rows)
+    return pool, scales
+
+
+@where_it_lives
+def _random_codes(cache, seed: int) -> None:
+    """Seeded random codes in every pool and scales in [0.01, 0.11) in every scale tensor, set where the
+    cache lives (codes and scales by hand: quantize_into is not needed for them)."""
+    generator = torch.Generator().manual_seed(seed)
+    for pool in list(cache.k_pools) + list(cache.v_pools):
+        pool.copy_(torch.randint(-QMAX, QMAX + 1, pool.shape, generator=generator).to(pool.dtype))
+    for scales in list(cache.k_scales) + list(cache.v_scales):
+        scales.copy_(torch.rand(scales.shape, generator=generator) * 0.1 + 0.01)
 
 
 @check
@@ -401,11 +423,7 @@ def check_copy_on_write_carries_scales(cls) -> None:
     cache = _cache(cls, num_blocks=16)
     cache.create(0)
     cache.reserve(0, 10)                                       # blocks of 4: full, full, half
-    generator = torch.Generator().manual_seed(11)              # codes and scales set by hand, so
-    for pool in list(cache.k_pools) + list(cache.v_pools):     # quantize_into is not needed here
-        pool.copy_(torch.randint(-QMAX, QMAX + 1, pool.shape, generator=generator).to(pool.dtype))
-    for scales in list(cache.k_scales) + list(cache.v_scales):
-        scales.copy_(torch.rand(scales.shape, generator=generator) * 0.1 + 0.01)
+    _random_codes(cache, seed=11)
     table = list(cache.tables[0])
     before = [t.clone() for t in list(cache.k_scales) + list(cache.v_scales)]
     cache.copy_on_write(0, 2)                                  # private: nothing to do

@@ -261,7 +261,7 @@ class Engine:
         done = []
         for member in family:
             greedy = request.params.temperature == 0
-            token = best if greedy else sample(row, request.params, member.generator)
+            token = best if greedy else sample(row, request.params, self.generator_of(member))
             member.tokens.append(token)
             if self.keep_logits:
                 member.logits.append(row.detach().clone())
@@ -279,6 +279,10 @@ class Engine:
         return done
 
     # ---- whole runs --------------------------------------------------------------------------
+    def generator_of(self, seq: Sequence) -> torch.Generator:
+        """The generator `seq` samples from: its own (a grader holding a copy of it draws from that copy)."""
+        return seq.generator
+
     def run(self, progress: bool | None = None, desc: str = "requests") -> list[Request]:
         """Step until every request is done; a tqdm bar (stderr) counts finished requests on long runs."""
         total = sum(1 for r in self.requests.values() if not r.finished)

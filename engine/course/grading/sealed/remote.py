@@ -13,8 +13,9 @@ so the host never holds anything of the judge's it could call; an object that le
 cache, a sequence) is built in the host by the checks' `where_it_lives` helpers. A request from the
 host is never served: it breaks the channel (`OutOfTurn`), which costs the test it came in.
 
-A tensor passed in a call is copied back after it, so writes into an output tensor (a kernel's `out`)
-reach the judge's tensor, as in one process.
+A tensor or a generator crosses as a copy, in either direction: what one side writes into its copy, or
+draws from it, stays on that side. A check that changes a learner's tensor does it where the tensor
+lives (a `where_it_lives` helper), and one that needs what a call wrote gets it back as the answer.
 """
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ import torch
 _HEADER = struct.Struct("!Q")
 MAX_FRAME = 1 << 26          # a message larger than this is refused (a flood, not a value)
 MAX_ELEMENTS = 1_000_000     # ... and one holding more values than this, all its containers together
-_HELD_BY_REGISTRY = 3        # the registry's entry, the loop's name, getrefcount's argument
 MAX_DEPTH = 60               # containers nested deeper than this are refused
 
 
@@ -120,18 +120,16 @@ class Channel:
         self.objects: dict[int, object] = {}     # id -> object the other side holds a Remote for
         self.remotes: dict[int, Remote] = {}      # the other side's id -> our Remote (one per object)
         self.methods: dict[int, set] = {}         # the other side's id -> names of its class's methods read
-        self.handed: dict[int, dict] = {}         # our object's id -> {name: the class's function read as it}
         self.serve = serve                        # optional hook: serve(request) -> handled reply or None
         self.unwritten = lambda qualname: False   # whether this side knows `qualname` is not written yet
         self.lock = threading.RLock()
         self.next_call = 0
-        self.received: list = []                  # (tensor or generator read by attribute, its state, where)
         self.allowance: float | None = None       # seconds the other side may still take to answer, or None
         self.broken: RemoteGone | None = None     # why it is out of step (too late, too large): raised again
         self.elements_left = MAX_ELEMENTS         # values the message being read may still hold
 
     # ------------------------------------------------------------------------------------- encoding
-    def encode(self, value, tensors: list | None = None, depth: int = 0):
+    def encode(self, value, depth: int = 0):
         """`value` as JSON-ready data; objects that are not data become references to this side."""
         if depth > MAX_DEPTH:
             raise ValueError("a value nested too deeply to send")
@@ -139,27 +137,24 @@ class Channel:
             return value
         kind = type(value)
         if kind in (list, tuple, set, frozenset):
-            items = [self.encode(v, tensors, depth + 1) for v in value]
+            items = [self.encode(v, depth + 1) for v in value]
             return {"~": kind.__name__, "v": items}
         if kind is dict:
-            return {"~": "dict", "v": [[self.encode(k, tensors, depth + 1), self.encode(v, tensors, depth + 1)]
+            return {"~": "dict", "v": [[self.encode(k, depth + 1), self.encode(v, depth + 1)]
                                       for k, v in value.items()]}
         if isinstance(value, Remote) and value._channel is self:
             return {"~": "ref", "owner": self.other, "id": value._id}
         if kind is _Live:                 # an attribute's list or dict: its owner was handed out already
             return self._encode_ref(value.value)
-        if kind is _Method:               # a method of an object the other side holds: the object and a name,
-            self.handed.setdefault(id(value.target), {})[value.name] = value.function   # never the function
+        if kind is _Method:               # a method of an object the other side holds: the object and a name
             return {"~": "method", "owner": self.side, "id": id(value.target), "name": value.name}
-        if kind is _RemoteMethod and value._owner._channel is self:   # sent back: the owner's own handed method
-            return {"~": "handed", "id": value._owner._id, "name": value._name}
+        if kind is _RemoteMethod and value._owner._channel is self:   # sent back: the owner's object and name
+            return {"~": "method", "owner": self.other, "id": value._owner._id, "name": value._name}
         if self.side == "T" and _by_name(value):
             return {"~": "class", "c": _name_of(value)}    # the host's own copy of the engine's class
         if isinstance(value, torch.Tensor):
-            return self._encode_tensor(value, tensors)
-        if kind is torch.Generator:       # by its state; a call that draws from it sends the new state back
-            if tensors is not None:
-                tensors.append(value)
+            return self._encode_tensor(value)
+        if kind is torch.Generator:       # by its state
             return {"~": "generator", "device": str(value.device),
                     "v": base64.b64encode(bytes(value.get_state().numpy())).decode()}
         if isinstance(value, torch.dtype):
@@ -184,7 +179,7 @@ class Channel:
             return self._encode_exception(value)
         if (dataclasses.is_dataclass(value) and not isinstance(value, type) and _trusted_module(kind.__module__)
                 and kind.__dataclass_params__.frozen):
-            fields = {f.name: self.encode(getattr(value, f.name), tensors, depth + 1)
+            fields = {f.name: self.encode(getattr(value, f.name), depth + 1)
                       for f in dataclasses.fields(value)}
             return {"~": "frozen", "c": _name_of(kind), "v": fields}
         if self.side == "T":
@@ -199,9 +194,7 @@ class Channel:
         return {"~": "ref", "owner": self.side, "id": id(value), "is_class": isinstance(value, type),
                 "type": _name_of(type(value)), "known": known[:1], "name": name if isinstance(name, str) else None}
 
-    def _encode_tensor(self, value: torch.Tensor, tensors: list | None) -> dict:
-        if tensors is not None:
-            tensors.append(value)
+    def _encode_tensor(self, value: torch.Tensor) -> dict:
         source = value.detach()
         storage = source.untyped_storage()
         raw = _storage_bytes(storage)
@@ -235,7 +228,7 @@ class Channel:
                 "where": where, "mro": [_name_of(c) for c in cls.__mro__]}
 
     # ------------------------------------------------------------------------------------- decoding
-    def decode(self, data, tensors: list | None = None, depth: int = 0):
+    def decode(self, data, depth: int = 0):
         """The value `data` stands for on this side (a Remote for the other side's objects)."""
         if depth > MAX_DEPTH:
             raise ValueError("a value nested too deeply to receive")
@@ -254,10 +247,10 @@ class Channel:
                                        "in one answer (the grader's bound)")
                 raise self.broken
         if tag in ("list", "tuple", "set", "frozenset"):
-            items = [self.decode(v, tensors, depth + 1) for v in value]
+            items = [self.decode(v, depth + 1) for v in value]
             return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
         if tag == "dict":
-            return {self.decode(k, tensors, depth + 1): self.decode(v, tensors, depth + 1) for k, v in value}
+            return {self.decode(k, depth + 1): self.decode(v, depth + 1) for k, v in value}
         if tag == "ref":
             if data["owner"] == self.side:
                 try:
@@ -269,19 +262,18 @@ class Channel:
                 remote = Remote(self, data["id"], data)
                 self.remotes[data["id"]] = remote
             return remote
-        if tag == "method":
-            owner = self.remotes.get(data.get("id")) if data.get("owner") == self.other else None
+        if tag == "method":               # the host's object and a method's name, either way
+            mine = data.get("owner") == self.side == "L"
+            owner = self.objects.get(data.get("id")) if mine else (
+                self.remotes.get(data.get("id")) if data.get("owner") == self.other else None)
             if owner is None or not isinstance(data.get("name"), str):
                 raise ValueError("a method of an object this side holds no reference to")
+            if mine:
+                return getattr(owner, data["name"])
             self.methods.setdefault(owner._id, set()).add(data["name"])
             return _RemoteMethod(owner, data["name"])
-        if tag == "handed":
-            function = self.handed.get(data.get("id"), {}).get(data.get("name"))
-            if function is None:
-                raise ValueError("a method this side never handed out")
-            return function
         if tag == "tensor":
-            return self._decode_tensor(data, tensors)
+            return self._decode_tensor(data)
         if tag == "class" and self.side == "L":
             cls = _resolve(*data["c"], any_kind=True)
             if cls is None:
@@ -291,8 +283,6 @@ class Channel:
             generator = torch.Generator(device=str(data.get("device", "cpu")))
             state = base64.b64decode(value)
             generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
-            if tensors is not None:
-                tensors.append((generator, state))
             return generator
         if tag == "dtype":
             dtype = getattr(torch, str(value), None)
@@ -304,7 +294,7 @@ class Channel:
         if tag == "size":
             return torch.Size(int(v) for v in value)
         if tag == "slice":
-            return slice(*(self.decode(v, tensors, depth + 1) for v in value))
+            return slice(*(self.decode(v, depth + 1) for v in value))
         if tag == "...":
             return Ellipsis
         if tag == "range":
@@ -320,7 +310,7 @@ class Channel:
             cls = _resolve(*data["c"])
             if cls is None or not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:
                 raise ValueError(f"unknown frozen dataclass {data['c']}")
-            fields = {k: self.decode(v, tensors, depth + 1) for k, v in value.items()}
+            fields = {k: self.decode(v, depth + 1) for k, v in value.items()}
             made = object.__new__(cls)
             for name, field_value in fields.items():
                 object.__setattr__(made, name, field_value)
@@ -329,7 +319,7 @@ class Channel:
             return self._decode_exception(data)
         raise ValueError(f"an unknown value on the channel ({tag!r})")
 
-    def _decode_tensor(self, data: dict, tensors: list | None) -> torch.Tensor:
+    def _decode_tensor(self, data: dict) -> torch.Tensor:
         dtype = getattr(torch, data["dtype"], None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"unknown dtype {data['dtype']!r}")
@@ -340,11 +330,7 @@ class Channel:
         tensor = torch.as_strided(base, [int(s) for s in data["shape"]], [int(s) for s in data["stride"]],
                                   int(data["offset"]))
         device = data.get("device", "cpu")
-        if device != "cpu":
-            tensor = tensor.to(device)
-        if tensors is not None:           # with the bytes as received: written in the call, it goes back
-            tensors.append((tensor, bytes(raw)))
-        return tensor
+        return tensor.to(device) if device != "cpu" else tensor
 
     def _decode_exception(self, data: dict) -> BaseException:
         args = [self.decode(a) if not isinstance(a, str) else a for a in data.get("args", [])]
@@ -432,60 +418,22 @@ class Channel:
         if self.broken is not None:       # a check that caught the first raise is not answered either
             raise type(self.broken)(*self.broken.args)
         with self.lock:
-            self._write_back()
-            value = self._request(op, target, args, kwargs)
-            if op in ("getattr", "getitem", "iter", "copy") and isinstance(target, Remote):
-                self._note_tensors(value, target, op, args[0] if args else None)
-            return value
-
-    def _note_tensors(self, value, target, op: str, key) -> None:
-        """Remember the tensors an attribute or item read returned: written here, they are sent back."""
-        if isinstance(value, (torch.Tensor, torch.Generator)):
-            self.received.append((value, _state(value), target, op, key))
-        elif op in ("iter", "copy") and isinstance(value, list):
-            for index, item in enumerate(value):
-                if isinstance(item, (torch.Tensor, torch.Generator)):
-                    self.received.append((item, _state(item), target, "getitem", index))
-
-    def _write_back(self) -> None:
-        """Send the other side every tensor it lent by attribute that was written here since. A tensor
-        nothing else holds any more cannot be written again: it is forgotten once checked."""
-        if not self.received:
-            return
-        kept, dirty = [], []
-        for entry in self.received:
-            tensor, version, target, op, key = entry
-            held = sys.getrefcount(tensor) > _HELD_BY_REGISTRY
-            if _state(tensor) != version:
-                dirty.append((tensor, target, op, key))
-                version = _state(tensor)
-            if held:
-                kept.append((tensor, version, target, op, key))
-        del entry, tensor
-        self.received = kept
-        for tensor, target, op, key in dirty:
-            self._request("write_into", target, (op, key, tensor), {})
+            return self._request(op, target, args, kwargs)
 
     def _request(self, op: str, target, args, kwargs):
         self.next_call += 1
         call = self.next_call
-        sent: list = []
         message = {"call": call, "op": op, "target": target._id if isinstance(target, Remote) else None,
-                   "args": self.encode(list(args), sent), "kwargs": self.encode(dict(kwargs), sent)}
+                   "args": self.encode(list(args)), "kwargs": self.encode(dict(kwargs))}
         self._send(message)
-        return self._wait(call, sent)
+        return self._wait(call)
 
-    def _wait(self, call: int, sent: list):
+    def _wait(self, call: int):
         while True:
             message = self._timed_receive()
             if "reply" in message:
                 if message["reply"] != call:
                     raise RemoteGone("the other process answered out of turn")
-                back = message.get("back") or []
-                if len(back) == len(sent):
-                    for original, returned in zip(sent, back):
-                        if returned is not None:
-                            _copy_back(original, self.decode(returned))
                 if "error" in message:
                     raise self.decode(message["error"])
                 return self.decode(message["value"])
@@ -513,12 +461,11 @@ class Channel:
 
     def answer(self, message: dict) -> None:
         """Do what one request asks, and send the reply (the result, or the exception it raised)."""
-        received: list = []
         reply = {"reply": message.get("call")}
         try:
             target = self.objects[message["target"]] if message.get("target") is not None else None
-            args = self.decode(message.get("args"), received)
-            kwargs = self.decode(message.get("kwargs"), received)
+            args = self.decode(message.get("args"))
+            kwargs = self.decode(message.get("kwargs"))
             reply["value"] = self.encode(self.perform(message.get("op"), target, args, kwargs))
         except RemoteGone:
             raise
@@ -526,7 +473,6 @@ class Channel:
             if isinstance(error, (SystemExit, KeyboardInterrupt)):
                 error = RuntimeError(f"{type(error).__name__} during a call from the grader")
             reply["error"] = self.encode(error)
-        reply["back"] = [self.encode(t) if _changed(t, before) else None for t, before in received]
         self._send(reply)
 
     def perform(self, op: str, target, args: list, kwargs: dict):
@@ -535,20 +481,12 @@ class Channel:
             value = getattr(target, args[0])
             if len(args) == 1 and not isinstance(target, (type, types.ModuleType)) and \
                     _class_method(target, args[0], value):
-                return _Method(target, args[0], value)
+                return _Method(target, args[0])
             return _Live(value) if type(value) in _LIVE_TYPES else value
-        if op == "callmethod":            # the method the attribute read gave, called: obj.name(...)
-            function = self.handed.get(id(target), {}).get(args[0])
-            if function is None:          # only what this side read as target.name, bound to target
-                raise PermissionError("callmethod calls a method of an object read by its name first")
-            return function(*args[1:], **kwargs)
+        if op == "callmethod":            # obj.name(...) in one request
+            return getattr(target, args[0])(*args[1:], **kwargs)
         if op == "copy":
             return target
-        if op == "write_into":
-            where, key, tensor = args
-            destination = getattr(target, key) if where == "getattr" else target[key]
-            _copy_back(destination, tensor)
-            return None
         if op == "setattr":
             setattr(target, args[0], args[1])
             return None
@@ -584,33 +522,6 @@ def _storage_bytes(storage) -> bytes:
     return flat.cpu().numpy().tobytes()
 
 
-def _state(value):
-    """What tells whether a tensor or generator read from the other side was changed here."""
-    return bytes(value.get_state().numpy()) if isinstance(value, torch.Generator) else value._version
-
-
-def _changed(tensor, before: bytes) -> bool:
-    """Whether a received tensor was written during the call (a kernel writes through its pointer,
-    which no version counter sees, so the bytes are compared), or a generator drawn from."""
-    if isinstance(tensor, torch.Generator):
-        return bytes(tensor.get_state().numpy()) != before
-    storage = tensor.untyped_storage()
-    return _storage_bytes(storage) != before
-
-
-def _copy_back(original, returned) -> None:
-    if isinstance(original, torch.Generator) and isinstance(returned, torch.Generator):
-        original.set_state(returned.get_state())
-        return
-    if isinstance(original, torch.Tensor) and isinstance(returned, torch.Tensor) and \
-            original.shape == returned.shape:
-        try:
-            with torch.no_grad():
-                original.copy_(returned.to(original.device))
-        except RuntimeError:
-            pass
-
-
 def _learner_frames(tb) -> list:
     """[(file name, line, function)] of the traceback's frames, innermost last (for the checks' messages)."""
     frames = []
@@ -622,13 +533,13 @@ def _learner_frames(tb) -> list:
 
 
 class _Method:
-    """A method of target's class read as `target.name` (bound to target): sent as the object and the
-    name, never the function, so the judge can call it later without asking for the attribute again."""
+    """A method of target's class read as `target.name`: sent as the object and the name, so the judge
+    can call it later without asking for the attribute again."""
 
-    __slots__ = ("target", "name", "function")
+    __slots__ = ("target", "name")
 
-    def __init__(self, target, name: str, function):
-        self.target, self.name, self.function = target, name, function
+    def __init__(self, target, name: str):
+        self.target, self.name = target, name
 
 
 def _not_data(value) -> str:
@@ -664,10 +575,9 @@ def _class_method(target, name: str, value) -> bool:
 
 
 class _RemoteMethod:
-    """`remote.name` where that name was a method of the remote object's class: the object and the name,
-    never a handle to the function (the owner calls the function it read as that name, bound as a bound
-    method is). Calling it is one request (`callmethod`), so a check that calls a method in a loop pays
-    one round trip per call, not two. Anything else done with it asks for the bound method."""
+    """`remote.name` where that name was a method of the remote object's class: the object and the name.
+    Calling it is one request (`callmethod`), so a check that calls a method in a loop pays one round trip
+    per call, not two. Anything else done with it asks for the bound method."""
 
     __slots__ = ("_owner", "_name")
 
