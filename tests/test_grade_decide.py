@@ -29,7 +29,7 @@ NAMES = {"ch02_physical_slot": "physical_slot", "ch02_allocator": "BlockAllocato
 
 def notebook(cells: dict) -> decide.Notebook:
     """The judge's record of a notebook: the chapter's setup, then the learner cells `cells`."""
-    book = decide.Notebook(GRADED, set(PLAN.graded_by_cell()), set(), set())
+    book = decide.Notebook(GRADED)
     book.chapter_cell(SETUP)
     for name, source in cells.items():
         book.add(name, source)

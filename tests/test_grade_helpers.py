@@ -68,14 +68,14 @@ REBINDING = {   # each would change what a helper the host runs does
 def test_a_cell_that_writes_into_the_hosts_modules_is_not_refused_by_its_text(case):
     """The host's modules are the learner's (README: the learner owns the host): what the helpers run
     there is put back before each call (above), and the judge's own checks and torch are never the host's."""
-    book = decide.Notebook(PLAN.graded(), set(PLAN.graded_by_cell()), set(), set())
+    book = decide.Notebook(PLAN.graded())
     book.chapter_cell(SETUP)
     book.add("cell9", REBINDING[case])
     assert [why for why in book.reasons(["PagedKVCache"]) if "cell9" in why] == [], case
 
 
 def test_a_cell_writing_into_its_own_objects_is_not_refused():
-    book = decide.Notebook(PLAN.graded(), set(PLAN.graded_by_cell()), set(), set())
+    book = decide.Notebook(PLAN.graded())
     book.chapter_cell(SETUP)
     book.add("cell9", "class A:\n    def f(self):\n        self.dtype = torch.float32\n        self.dtype = 2\n"
                       "a = A()\na.f()\na.x = 1\nrows = [1]\nrows[0] = 2\nt = torch.zeros(2)\nt[0] = 1\n")

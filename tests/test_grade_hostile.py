@@ -56,6 +56,8 @@ LOOKUP = {
         ["answer", {"~": "method", "owner": "L", "id": 12345, "name": "swap_out"}]]}},
     "class_by_name": lambda call, names: {"reply": call, "value": {"~": "dict", "v": [
         ["answer", {"~": "class", "c": ["builtins", "exec"]}]]}},
+    "tensor_past_its_bytes": lambda call, names: {"reply": call, "value": {"~": "dict", "v": [
+        ["answer", {"~": "tensor", "dtype": "float32", "shape": [1 << 40], "device": "cpu", "data": "AAAA"}]]}},
     "frozen_object": lambda call, names: {"reply": call, "value": {"~": "dict", "v": [
         ["answer", {"~": "frozen", "c": ["builtins", "object"], "v": {}}]]}},
     "stopping_exception": lambda call, names: {"reply": call, "error": forged_error(
@@ -123,7 +125,8 @@ SCENARIOS = {"extra_names": "names it did not ask for ('AssertionError', 'check'
              "wrong_key_type": "names it did not ask for (5)",
              "untagged": "an untagged list", "many_values": "more than 1,000,000 values",
              "huge_frame": "the grader's bound is", "no_such_handle": "never sent",
-             "forged_method": "holds no reference to", "class_by_name": "an unknown value",
+             "forged_method": "holds no reference to", "tensor_past_its_bytes": "do not fit it",
+             "class_by_name": "an unknown value",
              "frozen_object": "unknown frozen dataclass", "stopping_exception": "forged",
              "out_of_turn": "out of turn", "never": "took more than", "fake_not_written": "forged",
              "asks_the_judge": "the grader answers none", "calls_a_judge_object": "the grader answers none",

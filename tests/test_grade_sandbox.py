@@ -398,11 +398,11 @@ def test_the_worker_memory_cannot_be_read_by_a_process_it_starts(tmp_path):
               " capture_output=True, text=True)\n"
               "print('denied' if 'PermissionError' in child.stderr else 'read', child.returncode)\n")
     from engine.course.grading.kernel import private_copy
-    copy = private_copy(str(REPO))           # the host's own engine, as the grader binds it
+    copy = private_copy(str(REPO))           # the engine, where the sandbox may read it (the judge's prctl)
     try:
         sealed = run_in_bare_sandbox(tmp_path, reader.format(
-            mark=f"sys.path.insert(0, {copy!r}); from engine.course.grading.sealed.host import not_dumpable; "
-                 "assert not_dumpable()"), readable=[Path(copy)])
+            mark=f"sys.path.insert(0, {copy!r}); from engine.course.grading.sandbox import not_dumpable; "
+                 "not_dumpable()"), readable=[Path(copy)])
     finally:
         shutil.rmtree(copy, ignore_errors=True)
     plain = run_in_bare_sandbox(tmp_path, reader.format(mark="pass"))

@@ -67,10 +67,10 @@ class Notebook:
     """The learner cells seen so far, in order, and what the chapter's cells bind to the engine and the
     checks. `graded` may grow as cells arrive (the judge adds each exercise cell's names)."""
 
-    def __init__(self, graded: dict, exercise_cells=(), engine_names=(), check_names=()):
-        self.graded = graded            # (exercise_cells: the judge's, no longer read: any cell may define)
-        self.engine_names = set(engine_names)   # names bound to engine modules
-        self.check_names = set(check_names)     # ... and to the checks (engine.checks)
+    def __init__(self, graded: dict):
+        self.graded = graded
+        self.engine_names: set[str] = set()     # names bound to engine modules
+        self.check_names: set[str] = set()      # ... and to the checks (engine.checks)
         self.cells: list[tuple[str, ast.Module]] = []
 
     def chapter_cell(self, source: str) -> None:

@@ -167,18 +167,6 @@ def _names_read(source: str) -> set[str]:
         return set()
 
 
-def not_dumpable() -> bool:
-    """Mark this process not dumpable (Linux prctl), before any learner code runs: no other process of
-    the same user (a child it starts included) may then read its memory through /proc/<pid>/mem or
-    ptrace, so the key cannot be read from outside. False where the system offers no prctl."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(4, 0, 0, 0, 0) == 0 and libc.prctl(3, 0, 0, 0, 0) == 0   # SET / GET_DUMPABLE
-    except (OSError, AttributeError):
-        return False
-
-
 def _prepare(plan: dict) -> None:
     """What the chapter's cells need, imported before any learner code runs (and recorded after)."""
     if plan.get("mpl_agg", True):
@@ -281,7 +269,6 @@ class Host:
 def main() -> None:
     """Host one notebook: read the plan from the judge, then run cells and answer its requests."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader interrupts cells, never the host itself
-    not_dumpable()
     import socket
     from engine.course.grading.sealed.remote import Channel, RemoteGone
     channel = Channel(socket.socket(fileno=int(sys.argv[1])), "L")

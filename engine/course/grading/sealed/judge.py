@@ -148,7 +148,7 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
     references = _reference_tokens(plan.get("references", []), graded)
     kernel_names = set(plan.get("kernels", []))
     built: dict = {}                      # kernel name -> (the judge's own build of it, or None, why not)
-    notebook = decide.Notebook(graded, set(graded_by_cell), set(), set())
+    notebook = decide.Notebook(graded)
     sources: dict = {}                    # graded name -> the text of the learner cell that last defined it
     send({"seq": 0, "ready": True})
     seq = 0

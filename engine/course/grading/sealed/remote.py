@@ -2,7 +2,7 @@
 
 The judge (the grader's checks) and the learner's host (the notebook's cells) are two processes joined by
 one socket. Only the judge asks; the host answers. A value crosses as data: numbers, strings, containers,
-tensors (their bytes, shape and strides), dtypes, the engine's enum members and frozen dataclasses,
+tensors (their values' bytes and shape), dtypes, the engine's enum members and frozen dataclasses,
 exceptions (by name, message and where they were raised), and an engine class or function by its name
 (the host takes its own copy). An object of the host's that is not data stays there and the judge gets
 a `Remote` for it: attribute reads, calls, indexing and iteration on a `Remote` are requests the host
@@ -23,6 +23,7 @@ import base64
 import dataclasses
 import enum
 import json
+import math
 import os
 import socket
 import struct
@@ -195,12 +196,10 @@ class Channel:
                 "type": _name_of(type(value)), "known": known[:1], "name": name if isinstance(name, str) else None}
 
     def _encode_tensor(self, value: torch.Tensor) -> dict:
-        source = value.detach()
-        storage = source.untyped_storage()
-        raw = _storage_bytes(storage)
-        return {"~": "tensor", "dtype": str(source.dtype).removeprefix("torch."), "shape": list(source.shape),
-                "stride": list(source.stride()), "offset": source.storage_offset(), "device": str(source.device),
-                "data": base64.b64encode(raw).decode()}
+        """Its values in order (a copy: not its storage, strides or views), as bytes."""
+        raw = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        return {"~": "tensor", "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
+                "device": str(value.device), "data": base64.b64encode(raw).decode()}
 
     def _encode_exception(self, error: BaseException) -> dict:
         cls = type(error)
@@ -324,11 +323,11 @@ class Channel:
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"unknown dtype {data['dtype']!r}")
         raw = bytearray(base64.b64decode(data["data"]))
+        shape = [int(s) for s in data["shape"]]
+        if len(raw) != math.prod(shape) * torch.empty(0, dtype=dtype).element_size():
+            raise ValueError(f"a tensor of shape {shape} whose bytes ({len(raw):,}) do not fit it")
         flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        base = flat.view(dtype) if len(raw) % max(1, torch.empty(0, dtype=dtype).element_size()) == 0 and raw \
-            else torch.empty(0, dtype=dtype)
-        tensor = torch.as_strided(base, [int(s) for s in data["shape"]], [int(s) for s in data["stride"]],
-                                  int(data["offset"]))
+        tensor = flat.view(dtype).reshape(shape)
         device = data.get("device", "cpu")
         return tensor.to(device) if device != "cpu" else tensor
 
@@ -514,12 +513,6 @@ class Channel:
         if self.serve is not None:
             return self.serve(op, target, args, kwargs)
         raise ValueError(f"unknown operation {op!r}")
-
-
-def _storage_bytes(storage) -> bytes:
-    """A tensor storage's bytes, in one copy (bytes(storage) would read them one at a time)."""
-    flat = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-    return flat.cpu().numpy().tobytes()
 
 
 def _learner_frames(tb) -> list:
