@@ -62,45 +62,6 @@ def _stream_outputs(out: _Capture, err: _Capture) -> list[dict]:
             for name, capture in (("stdout", out), ("stderr", err)) if capture.text()]
 
 
-class EngineHelpers:
-    """The checks' helpers that run where the learner's objects live (engine.checks.where_it_lives: what
-    host_checks keeps of the checks in the host besides what the chapter's cells use), as
-    they were when the host started, before any learner cell ran: what `call_engine` runs, whatever a
-    cell rebinds later. Before each call the globals of the checks' modules are put back as they were
-    then (a name added since is removed, a submodule excepted), so a helper reads its own module's
-    functions (fail, CheckFailed, its private helpers) and the builtins."""
-
-    def __init__(self):
-        self.table: dict = {}
-        self.modules: dict = {}          # module -> its namespace's entries at the start
-        try:
-            import engine.checks
-            marker = engine.checks.where_it_lives(lambda: None).__code__
-        except Exception:  # a host engine without checks: no helper to run
-            return
-        for name, module in list(sys.modules.items()):
-            if module is None or not (name == "engine.checks" or name.startswith("engine.checks.")):
-                continue
-            entries = dict(vars(module))
-            self.modules[module] = entries
-            for value in entries.values():
-                if isinstance(value, types.FunctionType) and value.__code__ is marker and value.__module__ == name:
-                    self.table[(name, value.__qualname__)] = value
-
-    def call(self, module_name: str, qualname: str, args, kwargs):
-        helper = self.table.get((module_name, qualname))
-        if helper is None:
-            raise PermissionError(f"{module_name}.{qualname} is not a helper of the checks the host had at its start")
-        for module, entries in self.modules.items():
-            namespace = vars(module)
-            for key, value in entries.items():
-                if namespace.get(key, entries) is not value:
-                    namespace[key] = value
-            for added in [k for k, v in namespace.items() if k not in entries and not isinstance(v, types.ModuleType)]:
-                del namespace[added]          # a name added later would shadow a builtin the helper reads
-        return helper(*args, **kwargs)
-
-
 def named(module_name: str, qualname: str):
     """The object `qualname` (a function, class or Class.method) of a module, imported if need be."""
     target = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
@@ -192,7 +153,6 @@ class Host:
         sys.modules["__main__"] = main_module
         self.trusted_bindings: dict = {}            # what the chapter's cells bound, put back before a test
         self.pid = os.getpid()
-        self.helpers = EngineHelpers()               # taken now: no learner cell has run yet
 
     def run_cell(self, source: str, kind: str, name: str, cpu: float | None = None) -> dict:
         """A learner's or a chapter's cell, in the notebook's namespace (at most `cpu` seconds of this
@@ -260,9 +220,9 @@ class Host:
             return self.begin_test(*args)
         if op == "end_test":
             return self.end_test()
-        if op == "call_engine":          # a check's helper that must run where the learner's class is
-            module_name, qualname, *rest = args
-            return self.helpers.call(module_name, qualname, rest, kwargs)
+        if op == "call_engine":          # a check's helper that runs where the learner's objects are: the
+            module_name, qualname, *rest = args      # host's own copy, so what it returns is the host's word
+            return named(module_name, qualname)(*rest, **kwargs)
         raise ValueError(f"unknown operation {op!r}")
 
 
