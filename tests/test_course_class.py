@@ -75,9 +75,12 @@ def test_late_penalty_is_a_share_of_the_score_per_started_day_capped_at_all():
 
 def test_flags_become_short_codes_each_once():
     flags = ["ch02_allocate: typed in, the reference's code (copied, renamed or reformatted): x" * 20,
-             "ch02_test: tampering put back engine.checks.ch02.check_allocate", "not sandboxed: no bwrap",
+             "ch02_test: refused: allocate is not a function written with def in your cell: the exercise must be "
+             "your own code", "not sandboxed: no bwrap",
              "ch02_alloc: typed in, the reference's code (copied, renamed or reformatted): y"]
-    assert reports.flag_codes(flags) == "NOSANDBOX COPY TAMPER"
+    assert reports.flag_codes(flags) == "NOSANDBOX COPY OWN"
+    assert reports.flag_code("the notebook's cells were changed: 1 locked cell(s) were missing and were put "
+                             "back from the chapter (ch02_setup)") == "EDITED"     # a slip, not tampering
     assert reports.flag_code("this is ch03_paged_cache, handed in as ch02") == "WRONGCH"
     assert reports.flag_code("something new") == "OTHER"
 

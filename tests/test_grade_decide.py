@@ -15,8 +15,8 @@ import pytest
 
 from engine.course.authoring import exercises
 from engine.course.grading.sealed import decide, likeness
-from engine.course.grading.sealed.judge import (_checked, _reference_tokens, copies_of_the_reference, BEGIN_REPLY,
-                                                CELL_REPLY, END_REPLY)
+from engine.course.grading.sealed.judge import (_checked, _reference_tokens, copies_of_the_reference, CELL_REPLY,
+                                                EMPTY_REPLY)
 from fixtures.course_support import REPO, expanded
 from fixtures.sealed_styles import HONEST, RETYPED
 
@@ -159,5 +159,5 @@ def test_a_malformed_or_out_of_turn_host_reply_costs_the_cell():
                 dict(good, outputs=[{"output_type": "stream", "text": 3}]), dict(good, outputs="ok")):
         checked = _checked(bad, CELL_REPLY)
         assert checked["status"] == "error" and checked["malformed"], bad
-    assert _checked({"notes": None}, BEGIN_REPLY)["malformed"]
-    assert _checked(None, END_REPLY)["malformed"] and not _checked({}, END_REPLY).get("malformed")
+    assert _checked(None, EMPTY_REPLY)["malformed"] and _checked([], EMPTY_REPLY)["malformed"]
+    assert _checked({"notes": ["anything"]}, EMPTY_REPLY) == {}         # nothing in it is read

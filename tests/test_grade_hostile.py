@@ -85,7 +85,7 @@ def serve(op, target, args, kwargs):
     if op == "lookup":
         return {n: namespace[n] for n in args[0] if n in namespace}
     if op == "begin_test":
-        return {"notes": []}
+        return {}
     if op == "end_test":
         return {}
     raise ValueError(op)

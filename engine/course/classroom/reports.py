@@ -31,7 +31,6 @@ FLAG_CODES = [
     ("COPY", r"typed in, the reference's code|verbatim", "the reference's code typed into a cell (copied, "
                                                            "renamed or reformatted): points kept, flagged"),
     ("OWN", r"not the learner's own code|must be your own", "the engine's reference used instead of own code"),
-    ("TAMPER", r"tampering|changed during the test|put back", "the notebook patched the course's code (put back)"),
     ("CHANNEL", r"result channel", "the notebook wrote to the grader's channel"),
     ("EDITED", r"cells were changed", "the chapter's own cells were edited (put back)"),
     ("ERROR", r"grading failed", "the grader failed on this notebook"),
@@ -100,7 +99,7 @@ def flag_code(text: str) -> str:
 
 
 def flag_codes(texts: list[str]) -> str:
-    """The codes of these flags, each once, in FLAG_CODES order: 'COPY TAMPER'."""
+    """The codes of these flags, each once, in FLAG_CODES order: 'COPY OWN'."""
     found = {flag_code(text) for text in texts}
     order = [code for code, _, _ in FLAG_CODES] + ["OTHER"]
     return " ".join(code for code in order if code in found)

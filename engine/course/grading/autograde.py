@@ -403,7 +403,7 @@ def not_graded(course_dir: Path) -> list[Fault]:
 def finish_grades(grades_csv: Path, flags_dir: Path, ids: dict[str, str], faults: list[Fault] = ()) -> None:
     """grades.csv as the instructor reads it: each row under the student's folder name (the nbgrader id in
     its own column), and a `flags` column: what the sealed run found (taught code copied verbatim,
-    tampering put back, no sandbox) or why the notebook was not graded."""
+    chapter cells put back, no sandbox) or why the notebook was not graded."""
     with grades_csv.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
         fields = [f for f in (rows[0].keys() if rows else []) if f not in ("flags", "nbgrader_id")]

@@ -54,7 +54,7 @@ class ChapterGrade:
     notebook: str
     exercises: list[Exercise] = field(default_factory=list)
     seconds: float = 0.0
-    flags: list[str] = field(default_factory=list)     # for the instructor: own work, copies, tampering
+    flags: list[str] = field(default_factory=list)     # for the instructor: own work, copies
     changes: list[str] = field(default_factory=list)   # where the notebook could not be graded as written
 
     @property
@@ -162,7 +162,7 @@ class SealedRun:
 def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=None, wrap=None,
                env: dict | None = None) -> SealedRun:
     """Run a learner notebook in the sealed worker (engine.course.grading.sealed.host): each cell's outputs set, each
-    graded test's verdict signed; the flags (own work, copies, tampering) for the instructor."""
+    graded test's verdict signed; the flags (own work, copies) for the instructor."""
     chapter = chapter if chapter is not None else exercises.load_any(chapter_path)
     plan = exercises.plan_for(chapter_path, chapter)
     changes: list[str] = []
@@ -217,10 +217,8 @@ def _not_checked_yet(cell) -> bool:
 
 
 def _flag(flags: list[str], cell, run) -> None:
-    """The instructor's flags from a test's verdict (tampering, own work, a typed-in reference)."""
+    """The instructor's flags from a test's verdict (own work, a typed-in reference)."""
     verdict = getattr(run, "verdict", {}) or {}
-    for note in verdict.get("notes", []):
-        flags.append(f"{cells.grade_id(cell)}: tampering {note}")
     if verdict.get("reasons"):
         flags.append(f"{cells.grade_id(cell)}: refused: {verdict['reasons'][0]}")
     if verdict.get("copied"):

@@ -9,10 +9,9 @@ the names a test reads that the learner defined are `Remote`s for the host's obj
 (engine.course.grading.sealed.remote), except a Triton kernel, which it takes from the cell's text
 (engine.course.grading.sealed.kernels) and launches in the kernel process the grader starts for it.
 Whether a test may count is decided here from the cells' text (engine.course.grading.sealed.decide: own
-work, refusals; likeness: copies of the reference).
-What the host reports (the chapter's names it bound again) is shown, never deciding,
-and a host reply that does not fit its schema costs the cell. Time is the host's CPU time and a
-wall-clock backstop counted only while the judge waits for the host (Budget).
+work, refusals; likeness: copies of the reference); nothing the host says about itself is read, and a
+host reply that does not fit its schema costs the cell. Time is the host's CPU time and a wall-clock
+backstop counted only while the judge waits for the host (Budget).
 """
 from __future__ import annotations
 
@@ -236,14 +235,12 @@ def _run(channel: Channel, namespace: dict, mine: dict, graded: dict, source: st
             if _run_here(channel, namespace, mine, graded, source, name, built, quiet=True)[0] == "ok":
                 mine.update((n, namespace[n]) for n in _names_bound(source) if n in namespace)
         return {"status": result["status"], "outputs": result["outputs"], "verdict": {}}
-    begin = _checked(channel.request("begin_test", None, source, sorted(_names_read(source) & set(graded)),
-                                     budget.cpu), BEGIN_REPLY)
+    begin = _checked(channel.request("begin_test", None, budget.cpu), EMPTY_REPLY)
     status, outputs = _run_here(channel, namespace, mine, graded, source, name, built, quiet=False)
-    end = _checked(channel.request("end_test", None), END_REPLY)
-    verdict = dict(begin, **end)                  # what the host reports: shown, never deciding
-    if verdict.pop("malformed", False):
+    end = _checked(channel.request("end_test", None), EMPTY_REPLY)
+    if begin.get("malformed") or end.get("malformed"):
         reasons = list(reasons) + ["the notebook's process answered the grader out of turn or malformed"]
-    verdict["reasons"] = list(reasons)
+    verdict = {"reasons": list(reasons)}
     if reasons:                           # the judge's reason first: it is why the test earns nothing
         status = "error"
         outputs.insert(0, {"output_type": "error", "ename": "GradingRefused", "evalue": " ".join(reasons),
@@ -366,28 +363,25 @@ def _not_a_kernel(why: str):
 
 
 CELL_REPLY = {"status": str, "outputs": list}
-BEGIN_REPLY = {"notes": list}
-END_REPLY: dict = {}
+EMPTY_REPLY: dict = {}             # begin_test and end_test: any mapping (nothing in it is read)
 _OUTPUT_TYPES = {"stream", "error", "display_data", "execute_result"}
 
 
 def _checked(reply, schema: dict) -> dict:
-    """The host's reply if it has the schema's fields with their types (lists of strings, outputs as
-    notebook outputs of strings); otherwise a reply that costs the cell, marked malformed."""
+    """The host's reply if it has the schema's fields with their types (outputs as notebook outputs of
+    strings, a cell's status); otherwise a reply that costs the cell, marked malformed."""
     def fine(key, kind, value) -> bool:
         if not isinstance(value, kind):
             return False
         if key == "outputs":
             return all(isinstance(o, dict) and o.get("output_type") in _OUTPUT_TYPES and all(
                 isinstance(v, (str, list, dict)) for v in o.values()) for o in value)
-        return kind is not list or all(isinstance(item, str) for item in value)
-    if isinstance(reply, dict) and all(fine(k, t, reply.get(k)) for k, t in schema.items()) and (
-            "status" not in schema or reply["status"] in ("ok", "error", "interrupted")):
+        return key != "status" or value in ("ok", "error", "interrupted")
+    if isinstance(reply, dict) and all(fine(k, t, reply.get(k)) for k, t in schema.items()):
         checked = {k: reply[k] for k in schema}
         if "outputs" in checked:
             checked["outputs"] = _bounded(checked["outputs"])
-        return {k: [n[:500] for n in v[:MAX_NOTES]] if isinstance(v, list) and k != "outputs" else v
-                for k, v in checked.items()}
+        return checked
     broken = {k: ([] if t is list else "error") for k, t in schema.items()}
     if "outputs" in broken:
         broken["outputs"] = [{"output_type": "error", "ename": "GradingRefused", "evalue": MALFORMED,
@@ -397,7 +391,6 @@ def _checked(reply, schema: dict) -> dict:
 
 MALFORMED = "the notebook's process sent the grader a malformed reply: this cell does not count"
 MAX_OUTPUT_CHARS = 200_000       # a cell's outputs, all together, as the host sent them
-MAX_NOTES = 50                   # entries of a list the host reports (its notes)
 
 
 def _bounded(outputs: list) -> list:
