@@ -86,7 +86,7 @@ grade: setup
 
 SUBMISSIONS ?= submissions
 JOBS ?= 2
-SANDBOX ?= auto
+SANDBOX ?= required
 autograde: setup
 	$(PY) -m engine.course.grading.autograde "$(SUBMISSIONS)" --jobs "$(JOBS)" --sandbox "$(SANDBOX)" \
 		$(if $(CLUSTER),--cluster "$(CLUSTER)")

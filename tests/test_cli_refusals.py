@@ -261,11 +261,12 @@ def test_make_autograde_with_an_empty_submissions_is_refused(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_autograde_sandbox_required_is_refused_up_front_where_there_is_none(subs):
+@pytest.mark.parametrize("option", [["--sandbox", "required"], []], ids=["asked", "the default"])
+def test_autograde_without_a_sandbox_is_refused_up_front(subs, option):
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}           # no bwrap on this PATH
-    done = run("engine.course.grading.autograde", "subs", "--course", "scratch", "--sandbox", "required", cwd=subs,
-               env=env)
-    assert_refused(done, "--sandbox required, but there is no working sandbox here", "bubblewrap")
+    done = run("engine.course.grading.autograde", "subs", "--course", "scratch", *option, cwd=subs, env=env)
+    assert_refused(done, "--sandbox required (the default), but there is no working sandbox here", "bubblewrap",
+                   "--sandbox auto grades the submissions unconfined")
     assert not (subs / "scratch").exists()
 
 

@@ -56,9 +56,10 @@ class NbgraderError(RuntimeError):
 
 
 def write_config(course_dir: Path, timeout: int = AUTOGRADE_CELL_TIMEOUT, solutions: Path | None = None,
-                 sandbox: str = "auto", hide: list[Path] = (), extra: str = "") -> Path:
+                 sandbox: str = "required", hide: list[Path] = (), extra: str = "") -> Path:
     """Write course_dir/nbgrader_config.py (the course id, its root, the per-cell timeout, the sealed and
-    sandboxed autograde: `sandbox` is auto (bubblewrap when it works here), required, or off)."""
+    sandboxed autograde: `sandbox` is required (refuse without bubblewrap), auto (bubblewrap when it works
+    here) or off)."""
     course_dir.mkdir(parents=True, exist_ok=True)
     root = course_dir.resolve()
     config = course_dir / "nbgrader_config.py"

@@ -161,7 +161,7 @@ def roster_chapters(roster: ClassRoster, solutions: Path) -> list[Path]:
 
 
 def prepare(course_dir: Path, roster_file: Path, solutions: Path | None = None, exchange: str | None = None,
-            sandbox: str = "auto", timeout: int | None = None) -> dict[str, Path]:
+            sandbox: str = "required", timeout: int | None = None) -> dict[str, Path]:
     """The course folder and its gradebook, with no submission: {what: where}."""
     from nbgrader.api import Gradebook
 
@@ -354,7 +354,7 @@ def not_graded_page(course_dir: Path, fault) -> Path | None:
     return page
 
 
-def grade(course_dir: Path, assignment: str, jobs: int = 2, sandbox: str = "auto", release: bool = False,
+def grade(course_dir: Path, assignment: str, jobs: int = 2, sandbox: str = "required", release: bool = False,
           progress=print) -> dict[str, Path]:
     """The instructor's round for one chapter after the students submitted: {what: where}."""
     from engine.course.classroom import export, reports
@@ -442,13 +442,13 @@ def main(argv: list[str] | None = None) -> int:
     first.add_argument("--solutions", type=Path, default=repo_root() / "solutions")
     first.add_argument("--exchange", default=None, help="nbgrader's exchange folder (default: the site's, "
                        f"else {DEFAULT_EXCHANGE})")
-    first.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto")
+    first.add_argument("--sandbox", choices=("required", "auto", "off"), default="required")
     for sub in (first, commands.add_parser("grade", help="collect, grade, feedback and reports for a chapter")):
         sub.add_argument("--course", type=Path, default=repo_root() / "course", help="the course folder")
     second = commands.choices["grade"]
     second.add_argument("assignment", help="the chapter, chNN")
     second.add_argument("--jobs", type=cli_args.int_in(1, 256), default=2, help="submissions graded at once")
-    second.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto")
+    second.add_argument("--sandbox", choices=("required", "auto", "off"), default="required")
     second.add_argument("--release", action="store_true", help="release the feedback to the students too")
     args = parser.parse_args(argv)
     if args.command == "prepare":

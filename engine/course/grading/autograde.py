@@ -32,7 +32,8 @@ is refused by name.
 Sandbox: each submission runs as an unprivileged user in its own namespaces, seeing a read-only system
 and nothing of the course directory or other students' work, with a memory, process, disk and
 per-notebook time limit (engine/course/grading/sandbox.py). Without bubblewrap (`apt-get install bubblewrap`)
-it says so and runs the submissions unconfined; `--sandbox required` refuses to, `--sandbox off` skips it.
+it refuses to grade (`--sandbox required`, the default); `--sandbox auto` runs the submissions unconfined
+with a warning instead, and `--sandbox off` skips the sandbox.
 """
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
-def prepare_course(course_dir: Path, chapters: list[Path], timeout: int, sandbox: str = "auto",
+def prepare_course(course_dir: Path, chapters: list[Path], timeout: int, sandbox: str = "required",
                    hide: list[Path] = ()) -> None:
     """Config, source/ and release/ for every chapter (nbgrader records each chapter's tests in its gradebook)."""
     solutions = chapters[0].parent if chapters else None
@@ -237,7 +238,8 @@ def grade_submissions(copied: list[Path], course_dir: Path, chapters: list[Path]
     limits = limits or Limits()
     usable, why = available()
     if sandbox == "required" and not usable and not cluster:
-        raise SystemExit(f"autograde: {why}")
+        raise SystemExit(f"autograde: the sandbox is required, and {why} (--sandbox auto grades the "
+                         "submissions unconfined instead)")
     if sandbox != "off" and not usable and not cluster:
         progress(f"WARNING: {why}")
     elif sandbox != "off" and limits_note() and not cluster:
@@ -341,7 +343,7 @@ def enrol(course_dir: Path, ids: list[str]) -> None:
 
 
 def autograde(submissions: Path, course_dir: Path, chapters: list[Path],
-              timeout: int = AUTOGRADE_CELL_TIMEOUT, jobs: int = DEFAULT_JOBS, sandbox: str = "auto",
+              timeout: int = AUTOGRADE_CELL_TIMEOUT, jobs: int = DEFAULT_JOBS, sandbox: str = "required",
               progress=print, limits=None, cluster: str = "") -> dict[str, Path]:
     """Run the whole instructor path; {what: where} for each output. Submissions that could not be graded
     are listed in course/not-graded.json (see not_graded()). With `cluster` (a Dask scheduler's address)
@@ -473,8 +475,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds per notebook, all its cells together (default %(default)s)")
     parser.add_argument("--jobs", type=cli_args.int_in(1, 256), default=DEFAULT_JOBS,
                         help="submissions graded at once (1 to 256)")
-    parser.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
-                        help="bubblewrap sandbox per submission (auto: when it works here)")
+    parser.add_argument("--sandbox", choices=("required", "auto", "off"), default="required",
+                        help="bubblewrap sandbox per submission (required: refuse to grade without it; auto: "
+                             "when it works here, else unconfined with a warning; off: never)")
     parser.add_argument("--cluster", default="", metavar="tcp://HOST:8786",
                         help="a Dask scheduler: each submission one task on its workers (default: --jobs here)")
     args = parser.parse_args(argv)
@@ -506,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         from engine.course.grading.sandbox import available
         usable, why = available()
         if not usable:
-            parser.error(f"--sandbox required, but there is no working sandbox here: {why}")
+            parser.error(f"--sandbox required (the default), but there is no working sandbox here: {why} "
+                         "(--sandbox auto grades the submissions unconfined instead)")
     started = time.monotonic()
     outputs = autograde(submissions, args.course, chapters, args.timeout, args.jobs, args.sandbox,
                         limits=Limits(notebook_seconds=args.notebook_timeout), cluster=args.cluster)

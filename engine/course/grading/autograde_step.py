@@ -25,7 +25,7 @@ class SealedExecute(NbGraderPreprocessor):
 
     solutions = Unicode("", help="folder of the chapter sources (chNN_topic.py)").tag(config=True)
     timeout = Integer(AUTOGRADE_CELL_TIMEOUT, help="seconds per cell").tag(config=True)
-    sandbox = Unicode("auto", help="auto | required | off").tag(config=True)
+    sandbox = Unicode("required", help="required | auto | off").tag(config=True)
     work_root = Unicode("", help="where each submission's working folder goes").tag(config=True)
     hide = List(Unicode(), help="folders a submission may not see (other students' work)").tag(config=True)
 
