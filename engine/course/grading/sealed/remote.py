@@ -324,7 +324,7 @@ class Channel:
             raise ValueError(f"unknown dtype {data['dtype']!r}")
         raw = bytearray(base64.b64decode(data["data"]))
         shape = [int(s) for s in data["shape"]]
-        if len(raw) != math.prod(shape) * torch.empty(0, dtype=dtype).element_size():
+        if min(shape, default=0) < 0 or len(raw) != math.prod(shape) * torch.empty(0, dtype=dtype).element_size():
             raise ValueError(f"a tensor of shape {shape} whose bytes ({len(raw):,}) do not fit it")
         flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
         tensor = flat.view(dtype).reshape(shape)
