@@ -14,9 +14,9 @@ import textwrap
 import pytest
 
 from engine.course.authoring import exercises
-from engine.course.grading.sealed import decide, likeness
-from engine.course.grading.sealed.judge import (_checked, _reference_tokens, copies_of_the_reference, CELL_REPLY,
-                                                EMPTY_REPLY)
+from engine.course.grading.reading import decide, likeness
+from engine.course.grading.reading.likeness import copies_of_the_reference, reference_tokens
+from engine.course.grading.sealed.judge import _checked, CELL_REPLY, EMPTY_REPLY
 from fixtures.course_support import REPO, expanded
 from fixtures.sealed_styles import HONEST, RETYPED
 
@@ -38,7 +38,7 @@ def notebook(cells: dict) -> decide.Notebook:
 
 def copies(cells: dict) -> list[str]:
     sources = {NAMES[cell]: source for cell, source in cells.items() if cell in NAMES}
-    return copies_of_the_reference(sorted(sources), GRADED, sources, _reference_tokens(PLAN.references, GRADED))
+    return copies_of_the_reference(sorted(sources), GRADED, sources, reference_tokens(PLAN.references, GRADED))
 
 
 @pytest.mark.parametrize("who", sorted(HONEST))

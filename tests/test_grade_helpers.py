@@ -9,7 +9,7 @@ import pytest
 
 from engine.course.authoring import exercises
 from engine.course.grading.grade import grade_notebook
-from engine.course.grading.sealed import decide
+from engine.course.grading.reading import decide
 from fixtures.course_support import BUILD, REPO, expanded, with_cell_edited, with_cells_added, write_notebook
 
 CH03 = REPO / "solutions" / "ch03_paged_cache.py"

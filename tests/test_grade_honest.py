@@ -1,7 +1,7 @@
 """Honest learner code of every ordinary style counts; a graded name the learner did not write does not.
 
 The sealed grader reads from the cells' text only whether each graded name is the learner's own `def`
-or `class` (engine.course.grading.sealed.decide); everything else a learner cell does (import, open, print,
+or `class` (engine.course.grading.reading.decide); everything else a learner cell does (import, open, print,
 explore, decorate, time, shell out, run a cell twice, answer over two cells) is graded as the code it
 holds. Each variant below is one small change a learner makes to a chapter's full-mark solution: at the
 unit level the judge's own record of the notebook refuses none of its tests; through the real grader a
@@ -17,8 +17,8 @@ import pytest
 from engine.course.authoring import exercises
 from engine.course.cells import python_source
 from engine.course.grading.grade import cell_kind, grade_notebook
-from engine.course.grading.sealed import decide
-from engine.course.grading.sealed.host import _names_read
+from engine.course.grading.reading import decide
+from engine.course.grading.reading.names import names_read
 from fixtures.course_support import BUILD, REPO, expanded, stubbed, with_cell_edited, with_cells_added, write_notebook
 
 CHAPTERS = {p.stem[:4]: p for p in (REPO / "solutions").glob("ch0*.py")}
@@ -39,7 +39,7 @@ def judged(notebook, chapter: str) -> dict[str, list[str]]:
         elif kind == "trusted":
             book.chapter_cell(cell.source)
         else:
-            reasons[name] = book.reasons(sorted(_names_read(cell.source) & set(graded)))
+            reasons[name] = book.reasons(sorted(names_read(cell.source) & set(graded)))
     return reasons
 
 

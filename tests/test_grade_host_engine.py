@@ -4,7 +4,7 @@ The host (the process that runs a notebook's cells under make grade and make aut
 copy of the engine (engine.course.authoring.edition.host_engine): the chapters before the graded one whole, the
 taught bodies of it and of every later chapter stubbed, and of the checks only what the chapter's own
 cells use there (edition.host_checks): the checks run in the judge. Every function and method of every
-chapter's host engine is compared, by the copy detector (engine.course.grading.sealed.likeness: structure, with
+chapter's host engine is compared, by the copy detector (engine.course.grading.reading.likeness: structure, with
 names and words set aside), with each taught body of that chapter and the chapters after it; none may be
 one. The helper that computes Exercise 8.2's answer for the chapter's figures (ch08.kv_bytes_reference)
 is a table of the values those cells print, which refuses any other config.
@@ -21,7 +21,7 @@ import pytest
 from engine.checks import ch08
 from engine.course import cells
 from engine.course.authoring import edition, exercises
-from engine.course.grading.sealed import likeness
+from engine.course.grading.reading import likeness
 from fixtures.course_support import expanded, once_per_run, real_chapters
 
 CHAPTERS = {path.stem[:4]: path for path in real_chapters()}

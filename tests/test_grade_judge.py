@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch
 
-from engine.course.grading.sealed.judge import needed_cells
+from engine.course.grading.reading.names import needed_cells
 from engine.course.grading.sealed.remote import Channel, Remote
 from fixtures.channel_pair import served_pair
 
@@ -138,11 +138,11 @@ def test_a_method_sent_back_is_the_owners_own(pair):
 def test_an_edition_error_the_host_names_is_not_written_yet_only_when_the_text_says_so():
     """The host may raise (or describe) the student edition's NotWrittenYet for any name: the judge asks
     the learner's cells, never the exception's class."""
-    from engine.course.grading.sealed import judge as judge_module
+    from engine.course.grading.reading.decide import unwritten
     judge_end, host_end = socket.socketpair()
     judge = Channel(judge_end, "T")
     cells = ["class Mine(PrefixCache):\n    def attach(self, seq, prompt):\n        return 0\n"]
-    judge.unwritten = judge_module._unwritten({"PrefixCache.attach", "PrefixCache.evict"}, cells)
+    judge.unwritten = unwritten({"PrefixCache.attach", "PrefixCache.evict"}, cells)
 
     def raised(qualname: str):
         return judge.decode(judge.encode(RuntimeError("x")) | {"c": ["engine._edition", "NotWrittenYet"],
@@ -160,16 +160,16 @@ def test_an_edition_error_the_host_names_is_not_written_yet_only_when_the_text_s
 
 
 def test_not_written_yet_is_read_from_the_learners_text():
-    from engine.course.grading.sealed.judge import _unwritten, defined_in_text
+    from engine.course.grading.reading.decide import defined_in_text, unwritten
     cells = ["class MyCache(PagedKVCache):\n    def swap_out(self, seq):\n        return 0\n"
              "    def swap_in(self, seq):\n        \"\"\"Bring it back.\"\"\"\n        raise NotImplementedError()\n",
              "def admit(x): pass\n"]
     assert defined_in_text("PagedKVCache.swap_out", cells) and defined_in_text("admit", cells)
     assert not defined_in_text("PagedKVCache.swap_in", cells) and not defined_in_text("swap_out", cells[1:])
     assert defined_in_text("f", ["def f():\n    raise NotWrittenYet('f', 'f')\n"])   # raising something else
-    unwritten = _unwritten({"PagedKVCache.swap_out", "PagedKVCache.swap_in"}, cells)
-    assert unwritten("PagedKVCache.swap_in") and not unwritten("PagedKVCache.swap_out")
-    assert not unwritten("Scheduler.admit")          # not taught in this chapter: never skipped
+    is_unwritten = unwritten({"PagedKVCache.swap_out", "PagedKVCache.swap_in"}, cells)
+    assert is_unwritten("PagedKVCache.swap_in") and not is_unwritten("PagedKVCache.swap_out")
+    assert not is_unwritten("Scheduler.admit")          # not taught in this chapter: never skipped
 
 
 def test_a_method_reference_for_an_object_never_handed_out_is_refused(pair):
@@ -200,11 +200,11 @@ def test_each_notebook_gets_a_fresh_fork_of_the_warm_judge(tmp_path):
 
 def test_every_binder_of_a_cell_counts_as_a_name_it_binds():
     """A chapter cell's `for b, w, e in ...` binds b, w and e (honest ch02 was flagged 'put back: b')."""
-    from engine.course.grading.sealed.host import _names_bound
+    from engine.course.grading.reading.names import names_bound
     source = ("for b, w, e in rows:\n    y = 1\nwith open(f) as fh:\n    pass\ntry:\n    pass\nexcept E as err:\n"
               "    pass\nif (n := 3):\n    import a.b as c, d.e\ndef f(q=(z := 1)):\n    inner = 2\nclass K:\n"
               "    attr = 1\n[i for i in r]\nq[0] = 1\nobj.attr = 2\n")
-    assert _names_bound(source) == {"b", "w", "e", "y", "fh", "err", "n", "c", "d", "f", "z", "K"}
+    assert names_bound(source) == {"b", "w", "e", "y", "fh", "err", "n", "c", "d", "f", "z", "K"}
 
 
 def test_a_scratch_cell_is_named_as_the_learner_sees_it():

@@ -26,8 +26,7 @@ if attention_pkg.triton_installed():
     from engine.attention.triton_decode import as_kernel, paged_decode_head_program
     from engine.attention.triton_primer import gather_rows_program
     from engine.course.grading.kernel import kernel_argv
-    from engine.course.grading.sealed import kernels
-    from engine.course.grading.sealed.kernelbox import KernelBox, KernelProcessError, sandboxed_kernel
+    from engine.course.grading.sealed.kernelbox import KernelBox, KernelProcessError, from_cell, sandboxed_kernel
 
     DECODE = inspect.getsource(paged_decode_head_program)
     GATHER = inspect.getsource(gather_rows_program)
@@ -58,14 +57,14 @@ def box():
 
 def in_the_kernel_process(box, name: str, text: str):
     """The learner's kernel as the grader's checks get it: built from the text, launched in `box`."""
-    program, why = kernels.build(name, text)
+    program, why = from_cell(name, text)
     assert why == "", why
     return sandboxed_kernel(box, program)
 
 
 def in_the_lab(name: str, text: str):
     """The same text as a plain function of this process, as a learner's cell defines it in the lab."""
-    program, _ = kernels.build(name, text)
+    program, _ = from_cell(name, text)
     namespace = {"tl": tl, "triton": triton, **program.constants}
     exec(compile(program.text, program.filename, "exec"), namespace)
     return namespace[name]
@@ -113,7 +112,7 @@ def test_a_reply_without_the_watched_bytes_is_refused(tmp_path):
     (a kernel process that hides what it loaded) is not what was asked, and fails the launch."""
     seen = tmp_path / "watch.json"
     fake = KernelBox([sys.executable, "-c", FAKE_KERNEL_PROCESS, str(seen)])
-    kernel = sandboxed_kernel(fake, kernels.build("partial", PARTIAL)[0])
+    kernel = sandboxed_kernel(fake, from_cell("partial", PARTIAL)[0])
     try:
         x = torch.arange(8.0)
         with kernel.loads_of(x), pytest.raises(KernelProcessError, match="exactly the 80 bytes"):

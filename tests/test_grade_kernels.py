@@ -11,8 +11,7 @@ import torch
 from engine.attention.triton_decode import as_kernel
 from engine.course.grading.grade import grade_notebook, sandboxed_grade
 from engine.course.grading.kernel import kernel_argv
-from engine.course.grading.sealed import kernels
-from engine.course.grading.sealed.kernelbox import KernelBox, KernelProcessError, sandboxed_kernel
+from engine.course.grading.sealed.kernelbox import KernelBox, KernelProcessError, from_cell, sandboxed_kernel
 from fixtures.course_support import (BUILD, expanded, sandbox_or_skip, stubbed, with_cells_added,
                                      write_notebook)
 from fixtures.hostile_notebooks import ATTACK_CODE, BUILTINS_ATTACK, CH06, MARKER, builtins_attack
@@ -34,7 +33,7 @@ def box():
 
 
 def test_a_kernel_is_launched_in_the_kernel_process_and_writes_reach_the_judges_tensor(box):
-    program, why = kernels.build("double_program", DOUBLE)
+    program, why = from_cell("double_program", DOUBLE)
     assert why == "" and program.constants == {"SCALE": 2}
     x = torch.arange(8.0)
     as_kernel(sandboxed_kernel(box, program))[(1,)](x[2:6], N=4)
@@ -44,20 +43,20 @@ def test_a_kernel_is_launched_in_the_kernel_process_and_writes_reach_the_judges_
 
 def test_a_kernel_crash_names_its_line_and_the_next_launch_works(box):
     broken = DOUBLE.replace("tl.load(x_ptr + i)", "tl.load(x_ptr + i[:, None] + tl.zeros((N, 3), tl.int32))")
-    program, _ = kernels.build("double_program", broken)
+    program, _ = from_cell("double_program", broken)
     with pytest.raises(RuntimeError) as raised:
         as_kernel(sandboxed_kernel(box, program))[(1,)](torch.zeros(4), N=4)
     frames = [f for f in __import__("traceback").extract_tb(raised.value.__cause__.__traceback__)
               if f.filename == "<kernel double_program>"]
     assert frames and "tl.store" in frames[-1].line
     x = torch.ones(4)
-    as_kernel(sandboxed_kernel(box, kernels.build("double_program", DOUBLE)[0]))[(1,)](x, N=4)
+    as_kernel(sandboxed_kernel(box, from_cell("double_program", DOUBLE)[0]))[(1,)](x, N=4)
     assert x.tolist() == [2.0] * 4
 
 
 def test_a_kernel_past_its_time_or_a_dead_process_costs_only_that_launch(box):
     slow = "def spin(x_ptr, N: tl.constexpr):\n    i = 0\n    while i >= 0:\n        i = i + 1\n"
-    program, _ = kernels.build("spin", slow)
+    program, _ = from_cell("spin", slow)
     import time
     box.deadline = time.monotonic() + 8
     with pytest.raises(KernelProcessError, match="within the cell's time"):
@@ -65,14 +64,14 @@ def test_a_kernel_past_its_time_or_a_dead_process_costs_only_that_launch(box):
     assert box.process is None
     box.deadline = None
     x = torch.ones(4)
-    as_kernel(sandboxed_kernel(box, kernels.build("double_program", DOUBLE)[0]))[(1,)](x, N=4)
+    as_kernel(sandboxed_kernel(box, from_cell("double_program", DOUBLE)[0]))[(1,)](x, N=4)
     assert x.tolist() == [2.0] * 4
 
 
 def test_the_builtins_route_runs_in_the_kernel_process_not_in_the_judge(box):
     if os.path.exists(MARKER):
         os.remove(MARKER)
-    program, why = kernels.build("k", BUILTINS_ATTACK.format(name="k", args="x_ptr, N: tl.constexpr", code=ATTACK_CODE))
+    program, why = from_cell("k", BUILTINS_ATTACK.format(name="k", args="x_ptr, N: tl.constexpr", code=ATTACK_CODE))
     assert why == ""              # nothing reads the text: the process it runs in is the boundary
     as_kernel(sandboxed_kernel(box, program))[(1,)](torch.zeros(4), N=4)
     pid, engine_there = open(MARKER).read().split()
@@ -83,15 +82,15 @@ def test_the_builtins_route_runs_in_the_kernel_process_not_in_the_judge(box):
 def test_nothing_reads_a_kernels_text_for_what_it_may_do(box):
     """An import, a print or a dunder in a kernel runs where the kernel runs, in the kernel process; code
     that is no kernel fails its own launch there. Only a kernel that is not a def is not built."""
-    program, why = kernels.build("k", UNSCREENED)
+    program, why = from_cell("k", UNSCREENED)
     assert why == ""
     x = torch.zeros(4)
     as_kernel(sandboxed_kernel(box, program))[(1,)](x, N=4)
     assert x.tolist() == [1.0] * 4
-    program, why = kernels.build("k", "def k(x_ptr, N: tl.constexpr):\n    torch.ones(1)\n")
+    program, why = from_cell("k", "def k(x_ptr, N: tl.constexpr):\n    torch.ones(1)\n")
     with pytest.raises(RuntimeError, match="torch"):
         as_kernel(sandboxed_kernel(box, program))[(1,)](x, N=4)
-    fn, why = kernels.build("k", "k = lambda x_ptr, N: None\n")
+    fn, why = from_cell("k", "k = lambda x_ptr, N: None\n")
     assert fn is None and "not a function written with def" in why
 
 

@@ -172,7 +172,7 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
     latest_failure = ""
     flags: list[str] = []
     environ = env if env is not None else offline_cpu_environ({"COURSE_EXPLORERS": "static", "MPLBACKEND": "Agg"})
-    from engine.course.grading.sealed.judge import needed_cells
+    from engine.course.grading.reading.names import needed_cells
     worker_plan = dict(plan.for_worker(), judge_cells=sorted(needed_cells(
         [(cell_kind(c), cells.grade_id(c), c.source) for c in to_run if c.cell_type == "code"])))
     from engine.course.authoring.edition import host_engine

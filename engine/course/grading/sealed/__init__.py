@@ -1,2 +1,2 @@
-"""The trust boundary of sealed grading: the host, the judge, the channel between them and what the
-judge decides (README.md)."""
+"""The trust boundary of sealed grading: the host, the judge, the kernel process and the channels between
+them (README.md)."""

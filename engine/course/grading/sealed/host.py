@@ -16,7 +16,6 @@ the sandbox around it. What it still does beside running cells:
 
 - **CPU time.** A cell, and the host's answers during a test, may use the CPU seconds the judge grants
   (cpu_limit): a busy machine slows them down without making them need more.
-- **The chapter's names.** Before each test the names the chapter's cells bound are bound again.
 """
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ import io
 import os
 import signal
 import sys
-import threading
 import traceback
 import types
 
@@ -88,46 +86,6 @@ def _cut(text: str, limit: int = MAX_STREAM_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit:,} more characters cut]"
 
 
-def _names_bound(source: str) -> set[str]:
-    """The names a cell binds in the notebook's namespace: assignments (of every kind: `for` and `with`
-    targets, `except ... as`, `:=`, `del`), imports, defs and classes, inside `if`, `for`, `while`,
-    `with` and `try` too; not what a def, class, lambda or comprehension binds for itself."""
-    import ast
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return set()
-    names: set[str] = set()
-    todo = list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            todo += node.decorator_list      # what a def's decorators and defaults bind is the cell's
-            if not isinstance(node, ast.ClassDef):
-                todo += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
-            continue
-        if isinstance(node, ast.ExceptHandler) and node.name:
-            names.add(node.name)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
-        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            continue
-        todo += list(ast.iter_child_nodes(node))
-    return names
-
-
-def _names_read(source: str) -> set[str]:
-    import ast
-    try:
-        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
-    except SyntaxError:
-        return set()
-
-
 def _prepare(plan: dict) -> None:
     """What the chapter's cells need, imported before any learner code runs (and recorded after)."""
     if plan.get("mpl_agg", True):
@@ -145,13 +103,11 @@ def _prepare(plan: dict) -> None:
 class Host:
     """The notebook's namespace and what the judge asks of it: cells, names, and a test's start and end."""
 
-    def __init__(self, graded: set[str]):
-        self.graded = graded
+    def __init__(self):
         main_module = types.ModuleType("__main__")  # the notebook's namespace, as in a kernel
         self.namespace = main_module.__dict__
         self.namespace["__builtins__"] = builtins
         sys.modules["__main__"] = main_module
-        self.trusted_bindings: dict = {}            # what the chapter's cells bound, put back before a test
         self.pid = os.getpid()
 
     def run_cell(self, source: str, kind: str, name: str, cpu: float | None = None) -> dict:
@@ -188,18 +144,10 @@ class Host:
                 sys.modules["matplotlib.pyplot"].close("all")
             except Exception:
                 pass
-        if kind == "trusted":     # what the chapter's cell bound, even one that stopped part way, is the chapter's
-            self.trusted_bindings.update((b, self.namespace[b]) for b in _names_bound(source) if b in self.namespace)
         return {"status": status, "outputs": outputs}
 
     def begin_test(self, cpu: float | None = None) -> dict:
-        """Before the judge runs a test: bind the chapter's names again (the judge reads those its own
-        run of the chapter's cells did not bind from here), then the test's CPU time starts."""
-        sys.settrace(None)
-        threading.settrace(None)  # type: ignore[arg-type]
-        for bound, value in self.trusted_bindings.items():
-            if bound not in self.graded:
-                self.namespace[bound] = value
+        """Before the judge runs a test: the test's CPU time starts."""
         cpu_limit(cpu)
         return {}
 
@@ -235,8 +183,7 @@ def main() -> None:
         return
     signal.signal(signal.SIGPROF, _out_of_cpu)
     _prepare(plan)
-    graded = set(plan.get("graded", {})) | {n for specs in plan.get("graded_by_cell", {}).values() for n in specs}
-    host = Host(graded)
+    host = Host()
     channel.serve = host.serve
     channel._send({"ready": True})
     while True:

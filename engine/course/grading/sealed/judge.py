@@ -7,19 +7,17 @@ of its own where bubblewrap works: engine.course.grading.sandbox.confine) holds 
 chapter's test cells itself, on its own copy of the checks, the engine and the chapter's setup cells;
 the names a test reads that the learner defined are `Remote`s for the host's objects
 (engine.course.grading.sealed.remote), except a Triton kernel, which it takes from the cell's text
-(engine.course.grading.sealed.kernels) and launches in the kernel process the grader starts for it.
-Whether a test may count is decided here from the cells' text (engine.course.grading.sealed.decide: own
-work, refusals; likeness: copies of the reference); nothing the host says about itself is read, and a
+(engine.course.grading.reading.kernels) and launches in the kernel process the grader starts for it.
+Whether a test may count is decided here from the cells' text (engine.course.grading.reading: own work,
+not written yet, copies of the reference); nothing the host says about itself is read, and a
 host reply that does not fit its schema costs the cell. Time is the host's CPU time and a wall-clock
 backstop counted only while the judge waits for the host (Budget).
 """
 from __future__ import annotations
 
-import ast
 import builtins
 import hashlib
 import hmac
-import inspect
 import json
 import os
 import signal
@@ -28,42 +26,12 @@ import sys
 import time
 import types
 
-from engine.course.grading.sealed.host import (TRUSTED_PREFIX, _Capture, _error_output, _names_bound, _names_read,
-                                               _stream_outputs, named)
 from engine.course.cells import python_source
-from engine.course.grading.sealed import decide, kernels, likeness
-from engine.course.grading.sealed.kernelbox import KernelBox, sandboxed_kernel
+from engine.course.grading.reading import decide, likeness
+from engine.course.grading.reading.names import imported, names_bound, names_read
+from engine.course.grading.sealed.host import TRUSTED_PREFIX, _Capture, _error_output, _stream_outputs
+from engine.course.grading.sealed.kernelbox import KernelBox, from_cell, sandboxed_kernel
 from engine.course.grading.sealed.remote import Channel, OutOfTurn, RemoteGone, TooLarge, TooSlow
-
-
-def defined_in_text(qualname: str, sources: list[str]) -> bool:
-    """Whether a learner cell's text defines `qualname` with def: a function of that name, or, for
-    Class.method, a def of that method in any class the cells write; a def whose body is the release's
-    `raise NotImplementedError()` (a docstring before it) is not written yet."""
-    owner, _, method = qualname.rpartition(".")
-    for source in sources:
-        tree = decide.parse(source)
-        for node in ast.walk(tree) if tree is not None else ():
-            body = node.body if owner and isinstance(node, ast.ClassDef) else [node] if not owner else []
-            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method
-                   and not _unwritten_body(n) for n in body):
-                return True
-    return False
-
-
-def _unwritten_body(definition) -> bool:
-    body = [s for s in definition.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
-        return False
-    raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) and not body[0].exc.args else body[0].exc
-    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
-
-
-def _unwritten(taught: set, sources: list[str]):
-    """The judge's own answer to "is `qualname` not written yet?" (for the checks' `served`): one of this
-    chapter's taught names that no learner cell defines. What the host says of an exception it raised
-    is never asked."""
-    return lambda qualname: qualname in taught and not defined_in_text(qualname, sources)
 
 
 def _edition_notebook() -> dict | None:
@@ -78,21 +46,6 @@ def _edition_notebook() -> dict | None:
     module.__dict__["__builtins__"] = builtins
     edition.notebook = lambda: module.__dict__
     return module.__dict__
-
-
-def needed_cells(cells: list[tuple[str, str, str]]) -> set[str]:
-    """The chapter cells (kind trusted) whose names the tests read, directly or through another such cell:
-    the judge runs those itself. cells: [(kind, name, source)] in notebook order."""
-    wanted: set[str] = set()
-    chosen: set[str] = set()
-    for kind, _, source in cells:
-        if kind == "test":
-            wanted |= _names_read(source)
-    for kind, name, source in reversed(cells):
-        if kind == "trusted" and _names_bound(source) & wanted:
-            chosen.add(name)
-            wanted |= _names_read(source)
-    return chosen
 
 
 def main() -> None:
@@ -130,7 +83,7 @@ def serve(command_fd: int, result_fd: int, host_fd: int, kernel_fd: int | None =
 def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
     channel = Channel(socket.socket(fileno=host_fd), "T")
     learner_cells: list[str] = []        # every learner cell's text, in order: what "written" is read from
-    channel.unwritten = _unwritten({qualname for _, qualname in plan.get("references", [])}, learner_cells)
+    channel.unwritten = decide.unwritten({qualname for _, qualname in plan.get("references", [])}, learner_cells)
     try:
         channel.send_plan(dict(plan, key=None))
     except RemoteGone:
@@ -144,7 +97,7 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
     graded = dict(plan.get("graded", {}))
     graded_by_cell = plan.get("graded_by_cell", {})
     run_here = set(plan.get("judge_cells", []))
-    references = _reference_tokens(plan.get("references", []), graded)
+    references = likeness.reference_tokens(plan.get("references", []), graded)
     kernel_names = set(plan.get("kernels", []))
     built: dict = {}                      # kernel name -> (the judge's own build of it, or None, why not)
     notebook = decide.Notebook(graded)
@@ -159,22 +112,22 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
             source = python_source(source)      # magics and !cmd as the code they hold, for both processes
             learner_cells.append(source)
             graded.update(graded_by_cell.get(name, {}))
-            sources.update((bound, source) for bound in _names_bound(source))
+            sources.update((bound, source) for bound in names_bound(source))
             notebook.add(name, source)
-            built.update((k, _sandboxed(box, *kernels.build(k, source))) for k in kernel_names & _names_bound(source))
+            built.update((k, _sandboxed(box, *from_cell(k, source))) for k in kernel_names & names_bound(source))
         elif kind == "trusted":
             notebook.chapter_cell(source)
         budget = Budget.of(job.get("timeout"))
         channel.allowance = budget.wall
         box.deadline = None if budget.wall is None else time.monotonic() + budget.wall
         try:
-            used = sorted(_names_read(source) & set(graded))
+            used = sorted(names_read(source) & set(graded))
             reasons = notebook.reasons(used) if kind == "test" else []
             reasons += [built[k][1] for k in used if k in built and built[k][1]]
             message = _run(channel, namespace, mine, graded, source, kind, name, name in run_here,
                            reasons, budget, built)
             if kind == "test":
-                message["verdict"]["copied"] = copies_of_the_reference(used, graded, sources, references)
+                message["verdict"]["copied"] = likeness.copies_of_the_reference(used, graded, sources, references)
             if shadow is not None and kind != "test":
                 _shadow_run(shadow, source, name)
         except TooSlow:
@@ -231,9 +184,9 @@ def _run(channel: Channel, namespace: dict, mine: dict, graded: dict, source: st
     if kind != "test":
         result = _checked(channel.request("cell", None, source, kind, name, budget.cpu), CELL_REPLY)
         if kind == "trusted" and run_here:      # the modules it imports are the judge's: never the host's
-            mine.setdefault(_CHAPTER_NAMES, set()).update(_imported(source))
+            mine.setdefault(_CHAPTER_NAMES, set()).update(imported(source))
             if _run_here(channel, namespace, mine, graded, source, name, built, quiet=True)[0] == "ok":
-                mine.update((n, namespace[n]) for n in _names_bound(source) if n in namespace)
+                mine.update((n, namespace[n]) for n in names_bound(source) if n in namespace)
         return {"status": result["status"], "outputs": result["outputs"], "verdict": {}}
     begin = _checked(channel.request("begin_test", None, budget.cpu), EMPTY_REPLY)
     status, outputs = _run_here(channel, namespace, mine, graded, source, name, built, quiet=False)
@@ -253,7 +206,7 @@ def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, sourc
     """Run a chapter cell in the judge. Names it reads: the judge's own binding of a chapter name, the
     host's object for an exercise's name or anything else the chapter's cells here did not bind."""
     chapter = mine.get(_CHAPTER_NAMES, set())
-    wanted = sorted(n for n in _names_read(source) if n in graded or (n not in mine and n not in chapter))
+    wanted = sorted(n for n in names_read(source) if n in graded or (n not in mine and n not in chapter))
     wanted = [n for n in wanted if n in graded or not hasattr(builtins, n)]
     for bound, value in mine.items():
         namespace[bound] = value
@@ -286,13 +239,6 @@ def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, sourc
 _CHAPTER_NAMES = "__chapter_names__"   # in `mine`: the names the chapter's cells the judge ran import
 
 
-def _imported(source: str) -> set[str]:
-    """The names a chapter cell binds by import (the checks' module, torch, the engine's modules)."""
-    tree = decide.parse(source)
-    return {(a.asname or a.name).split(".")[0] for node in (ast.walk(tree) if tree is not None else ())
-            if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
-
-
 class ReplyRefused(Exception):
     """The host answered a request with something it was not asked for: the test fails, saying what."""
 
@@ -310,45 +256,6 @@ def _looked_up(reply, wanted: list) -> dict:
         raise ReplyRefused(f"the notebook's process answered the grader's request for {', '.join(wanted)} with "
                            f"names it did not ask for ({', '.join(extra[:5])}): this test does not count")
     return reply
-
-
-def _reference_tokens(references: list, graded: dict) -> dict:
-    """{graded name: normalized tokens of its reference} (engine.course.grading.sealed.likeness), read from the
-    source of the judge's engine: a function, or a class's taught methods one after the other."""
-    import textwrap
-    by_name: dict = {}
-    for module_name, qualname in references:
-        try:
-            source = textwrap.dedent(inspect.getsource(named(module_name, qualname)))
-        except (ImportError, AttributeError, OSError, TypeError):
-            continue
-        by_name.setdefault(qualname.split(".")[0], {})[qualname.split(".")[-1]] = source
-    prints = {}
-    for name, parts in by_name.items():
-        methods = (graded.get(name) or {}).get("methods")
-        if methods and all(m in parts for m in methods):
-            text = "class _Reference:\n" + "".join(textwrap.indent(parts[m], "    ") for m in methods)
-            prints[name] = likeness.exercise_tokens("_Reference", methods, text, {})
-        elif not methods and name in parts:
-            prints[name] = likeness.exercise_tokens(name, None, parts[name], {})
-    return {name: tokens for name, tokens in prints.items() if tokens}
-
-
-def copies_of_the_reference(names: list, graded: dict, sources: dict, references: dict) -> list[str]:
-    """The graded names whose code, as typed into the learner's cell that last defined them, is the
-    reference's by meaning (renamed, reformatted, loops rewritten, helpers split out): read from the
-    cell's text, never from the host."""
-    found = []
-    helpers: dict = {}
-    for source in dict.fromkeys(sources.values()):
-        helpers.update(likeness.definitions(source)[0])
-    for name in names:
-        if name not in sources or name not in references:
-            continue
-        mine = likeness.exercise_tokens(name, graded[name].get("methods"), sources[name], helpers)
-        if mine and likeness.alike(mine, references[name]):
-            found.append(f"{name} is the reference's code by meaning")
-    return sorted(set(found))
 
 
 def _sandboxed(box: KernelBox, program, why: str):

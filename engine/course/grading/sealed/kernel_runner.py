@@ -3,7 +3,7 @@
 It runs as `python -I -S -c <this file's text>` (engine.course.grading.kernel.kernel_argv), started by the
 grader when the judge asks for it and in the sandbox where the host runs in one, with nothing of the
 course on its path and no key: it imports torch and triton only. Each request is one launch (the
-kernel's text, as engine.course.grading.sealed.kernels took it from the cell, its constants, the grid, the arguments
+kernel's text, as engine.course.grading.reading.kernels took it from the cell, its constants, the grid, the arguments
 with each tensor as a view of a storage, the storages' bytes); the reply is every storage's bytes after
 the launch, or the error as plain strings. The judge (engine.course.grading.sealed.kernelbox) trusts nothing it
 says beyond bytes of the sizes it sent.

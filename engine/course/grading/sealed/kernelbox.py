@@ -3,7 +3,7 @@
 A Triton kernel's body runs as Python in the interpreter (and its compiler runs on a GPU), so the judge
 never builds or launches one. It hands the checks a `SandboxedKernel` instead: a Triton kernel to the
 engine's launchers (`kernel[grid](...)`), whose launch sends the kernel's text (as
-engine.course.grading.sealed.kernels took it from the cell), the grid and the arguments as data to a
+engine.course.grading.reading.kernels took it from the cell), the grid and the arguments as data to a
 process of its own (engine.course.grading.sealed.kernel_runner: fresh per notebook, started with the
 host's sandbox, no key, nothing of the course). In the grader that process is the grader's: the judge asks
 for one on its kernel socket and gets its stdin and stdout
@@ -34,6 +34,8 @@ import subprocess
 import time
 
 import torch
+
+from engine.course.grading.reading.kernels import kernel_text
 
 HEADER = struct.Struct("!QQ")
 MAX_REPLY_JSON = 1 << 16               # an error's text; more is not an answer
@@ -247,6 +249,12 @@ class Program:
         linecache.cache[self.filename] = (len(text), None, text.splitlines(True), self.filename)
         # the function's code, compiled and never run: its source for the checks' reading of it
         self.code = next(c for c in compile(text, self.filename, "exec").co_consts if hasattr(c, "co_code"))
+
+
+def from_cell(name: str, source: str):
+    """(the kernel `name` as the cell's text defines it, a Program, '') or (None, why not)."""
+    found, why = kernel_text(name, source)
+    return (Program(name, *found) if found is not None else None), why
 
 
 def sandboxed_kernel(box: KernelBox, program: Program):

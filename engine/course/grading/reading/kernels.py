@@ -23,10 +23,9 @@ def _constants(tree: ast.Module) -> dict:
     return found
 
 
-def build(name: str, source: str):
-    """(the kernel `name` as `source` defines it: a kernelbox.Program, '') or (None, why not). Nothing of
-    it runs here: the kernel process (engine.course.grading.sealed.kernelbox) builds and launches it."""
-    from engine.course.grading.sealed.kernelbox import Program
+def kernel_text(name: str, source: str):
+    """((the def of kernel `name` as `source` writes it, undecorated; the cell's number constants), '')
+    or (None, why not). Nothing of it runs here: the kernel process builds and launches it."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError) as error:
@@ -36,4 +35,4 @@ def build(name: str, source: str):
         return None, f"{name} is not a function written with def in your cell"
     definition = definitions[-1]
     definition.decorator_list = []        # the launcher jits it; any other decorator is not the kernel
-    return Program(name, ast.unparse(definition) + "\n", _constants(tree)), ""
+    return (ast.unparse(definition) + "\n", _constants(tree)), ""

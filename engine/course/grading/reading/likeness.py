@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib
+import inspect
+import textwrap
 
-from engine.course.grading.sealed.decide import parse
+from engine.course.cells import parse
 
 MIN_TOKENS = 45          # below this (the size of the reference's tokens) code is not compared
 # Structure at least this alike: the reference by meaning. Chapter 2's reference re-typed (renamed, a
@@ -181,3 +184,49 @@ def copies(functions: list[tuple[str, ast.AST]], references: dict[str, list[str]
             if matcher.real_quick_ratio() >= ALIKE and matcher.quick_ratio() >= ALIKE and matcher.ratio() >= ALIKE:
                 found.append((name, reference, round(matcher.ratio(), 3)))
     return found
+
+
+def reference_tokens(references: list, graded: dict) -> dict:
+    """{graded name: normalized tokens of its reference} (exercise_tokens), read from the
+    source of the judge's engine: a function, or a class's taught methods one after the other."""
+    by_name: dict = {}
+    for module_name, qualname in references:
+        try:
+            source = textwrap.dedent(inspect.getsource(_named(module_name, qualname)))
+        except (ImportError, AttributeError, OSError, TypeError):
+            continue
+        by_name.setdefault(qualname.split(".")[0], {})[qualname.split(".")[-1]] = source
+    prints = {}
+    for name, parts in by_name.items():
+        methods = (graded.get(name) or {}).get("methods")
+        if methods and all(m in parts for m in methods):
+            text = "class _Reference:\n" + "".join(textwrap.indent(parts[m], "    ") for m in methods)
+            prints[name] = exercise_tokens("_Reference", methods, text, {})
+        elif not methods and name in parts:
+            prints[name] = exercise_tokens(name, None, parts[name], {})
+    return {name: tokens for name, tokens in prints.items() if tokens}
+
+
+def copies_of_the_reference(names: list, graded: dict, sources: dict, references: dict) -> list[str]:
+    """The graded names whose code, as typed into the learner's cell that last defined them, is the
+    reference's by meaning (renamed, reformatted, loops rewritten, helpers split out): read from the
+    cell's text, never from the host."""
+    found = []
+    helpers: dict = {}
+    for source in dict.fromkeys(sources.values()):
+        helpers.update(definitions(source)[0])
+    for name in names:
+        if name not in sources or name not in references:
+            continue
+        mine = exercise_tokens(name, graded[name].get("methods"), sources[name], helpers)
+        if mine and alike(mine, references[name]):
+            found.append(f"{name} is the reference's code by meaning")
+    return sorted(set(found))
+
+
+def _named(module_name: str, qualname: str):
+    """The engine's `qualname` (a function, class or Class.method) in `module_name`."""
+    target = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target

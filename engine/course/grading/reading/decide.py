@@ -278,3 +278,34 @@ def chapter_names(source: str) -> tuple[set[str], set[str]]:
                 elif bound[:1].islower():   # a module or function of the engine (its classes may be bases)
                     engine.add(bound)
     return engine, checks
+
+
+def defined_in_text(qualname: str, sources: list[str]) -> bool:
+    """Whether a learner cell's text defines `qualname` with def: a function of that name, or, for
+    Class.method, a def of that method in any class the cells write; a def whose body is the release's
+    `raise NotImplementedError()` (a docstring before it) is not written yet."""
+    owner, _, method = qualname.rpartition(".")
+    for source in sources:
+        tree = parse(source)
+        for node in ast.walk(tree) if tree is not None else ():
+            body = node.body if owner and isinstance(node, ast.ClassDef) else [node] if not owner else []
+            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method
+                   and not _unwritten_body(n) for n in body):
+                return True
+    return False
+
+
+def _unwritten_body(definition) -> bool:
+    """Whether a def's body is the release's stub: `raise NotImplementedError()`, a docstring before it."""
+    body = [s for s in definition.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) and not body[0].exc.args else body[0].exc
+    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
+
+
+def unwritten(taught: set, sources: list[str]):
+    """The judge's own answer to "is `qualname` not written yet?" (for the checks' `served`): one of this
+    chapter's taught names that no learner cell defines. What the host says of an exception it raised
+    is never asked."""
+    return lambda qualname: qualname in taught and not defined_in_text(qualname, sources)
