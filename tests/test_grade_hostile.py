@@ -60,6 +60,11 @@ LOOKUP = {
         ["answer", {"~": "tensor", "dtype": "float32", "shape": [1 << 40], "device": "cpu", "data": "AAAA"}]]}},
     "frozen_object": lambda call, names: {"reply": call, "value": {"~": "dict", "v": [
         ["answer", {"~": "frozen", "c": ["builtins", "object"], "v": {}}]]}},
+    # an engine dataclass with a field of its own: the answer's "method" shadowing its class's
+    "frozen_extra_field": lambda call, names: {"reply": call, "value": {"~": "dict", "v": [
+        ["answer", {"~": "frozen", "c": ["engine.sampling", "SamplingParams"], "v": {
+            "temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 16, "seed": None, "ignore_eos": False,
+            "__eq__": 42}}]]}},
     "stopping_exception": lambda call, names: {"reply": call, "error": forged_error(
         "engine.course.grading.sealed.remote", "RemoteGone",
         [["builtins", "SystemExit"], ["builtins", "KeyboardInterrupt"]])},
@@ -117,7 +122,7 @@ while True:
 
 LEARNER = "def answer():\n    return 42\n"
 TEST = "from engine.checks import served\nwith served('the answer'):\n    assert answer() == 42\n"
-PLAN = {"preimport": ["engine"], "graded": {"answer": {}}, "graded_by_cell": {}, "judge_cells": [],
+PLAN = {"preimport": ["engine", "engine.sampling"], "graded": {"answer": {}}, "graded_by_cell": {}, "judge_cells": [],
         "references": [["engine.checks", "answer"]]}
 # scenario -> what the failed test says (the bound or the wrong shape, named)
 SCENARIOS = {"extra_names": "names it did not ask for ('AssertionError', 'check')",
@@ -127,7 +132,8 @@ SCENARIOS = {"extra_names": "names it did not ask for ('AssertionError', 'check'
              "huge_frame": "the grader's bound is", "no_such_handle": "never sent",
              "forged_method": "holds no reference to", "tensor_past_its_bytes": "do not fit it",
              "class_by_name": "an unknown value",
-             "frozen_object": "unknown frozen dataclass", "stopping_exception": "forged",
+             "frozen_object": "unknown frozen dataclass", "frozen_extra_field": "are not its class's",
+             "stopping_exception": "forged",
              "out_of_turn": "out of turn", "never": "took more than", "fake_not_written": "forged",
              "asks_the_judge": "the grader answers none", "calls_a_judge_object": "the grader answers none",
              "looks_up_the_judges_names": "the grader answers none"}

@@ -309,6 +309,9 @@ class Channel:
             cls = _resolve(*data["c"])
             if cls is None or not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:
                 raise ValueError(f"unknown frozen dataclass {data['c']}")
+            names = {f.name for f in dataclasses.fields(cls)}
+            if not isinstance(value, dict) or set(value) != names:
+                raise ValueError(f"a {cls.__name__} whose fields are not its class's ({sorted(names)})")
             fields = {k: self.decode(v, depth + 1) for k, v in value.items()}
             made = object.__new__(cls)
             for name, field_value in fields.items():
