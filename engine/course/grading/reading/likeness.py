@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import ast
 import difflib
-import importlib
 import inspect
 import textwrap
 
 from engine.course.cells import parse
+from engine.course.grading.reading.names import named
 
 MIN_TOKENS = 45          # below this (the size of the reference's tokens) code is not compared
 # Structure at least this alike: the reference by meaning. Chapter 2's reference re-typed (renamed, a
@@ -192,7 +192,7 @@ def reference_tokens(references: list, graded: dict) -> dict:
     by_name: dict = {}
     for module_name, qualname in references:
         try:
-            source = textwrap.dedent(inspect.getsource(_named(module_name, qualname)))
+            source = textwrap.dedent(inspect.getsource(named(module_name, qualname)))
         except (ImportError, AttributeError, OSError, TypeError):
             continue
         by_name.setdefault(qualname.split(".")[0], {})[qualname.split(".")[-1]] = source
@@ -222,11 +222,3 @@ def copies_of_the_reference(names: list, graded: dict, sources: dict, references
         if mine and alike(mine, references[name]):
             found.append(f"{name} is the reference's code by meaning")
     return sorted(set(found))
-
-
-def _named(module_name: str, qualname: str):
-    """The engine's `qualname` (a function, class or Class.method) in `module_name`."""
-    target = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target

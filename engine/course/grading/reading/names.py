@@ -1,19 +1,27 @@
 """The names a cell's text binds and reads: which names a test takes from the host, which chapter cells
-the judge runs itself, and which cell last defined a graded name."""
+the judge runs itself, and which cell last defined a graded name. The texts read here are Python already
+(the judge reads a learner cell as engine.course.cells.python_source makes it; chapter cells hold no
+magics), so they are parsed as they are."""
 from __future__ import annotations
 
 import ast
-
-from engine.course.cells import parse
+import sys
 
 _OWN_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _tree(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
 
 
 def names_bound(source: str) -> set[str]:
     """The names a cell binds in the notebook's namespace: assignments (of every kind: `for` and `with`
     targets, `except ... as`, `:=`, `del`), imports, defs and classes, inside `if`, `for`, `while`,
     `with` and `try` too; not what a def, class, lambda or comprehension binds for itself."""
-    tree = parse(source)
+    tree = _tree(source)
     names: set[str] = set()
     todo = list(tree.body) if tree is not None else []
     while todo:
@@ -38,13 +46,13 @@ def names_bound(source: str) -> set[str]:
 
 def names_read(source: str) -> set[str]:
     """Every name the cell's text mentions (read or written, at any depth)."""
-    tree = parse(source)
+    tree = _tree(source)
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} if tree is not None else set()
 
 
 def imported(source: str) -> set[str]:
     """The names a chapter cell binds by import (the checks' module, torch, the engine's modules)."""
-    tree = parse(source)
+    tree = _tree(source)
     return {(a.asname or a.name).split(".")[0] for node in (ast.walk(tree) if tree is not None else ())
             if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
 
@@ -62,3 +70,11 @@ def needed_cells(cells: list[tuple[str, str, str]]) -> set[str]:
             chosen.add(name)
             wanted |= names_read(source)
     return chosen
+
+
+def named(module_name: str, qualname: str):
+    """The object `qualname` (a function, class or Class.method) of a module, imported if need be."""
+    target = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target

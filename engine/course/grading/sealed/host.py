@@ -28,6 +28,7 @@ import traceback
 import types
 
 from engine.course.cells import LEARNER_PREFIX, TRUSTED_PREFIX
+from engine.course.grading.reading.names import named
 
 MAX_STREAM_CHARS = 50_000        # per cell and stream: a flood of prints is cut, not shipped
 
@@ -58,14 +59,6 @@ def _stream_outputs(out: _Capture, err: _Capture) -> list[dict]:
     """A cell's printed text as notebook stream outputs (nothing for a stream it did not write to)."""
     return [{"output_type": "stream", "name": name, "text": capture.text()}
             for name, capture in (("stdout", out), ("stderr", err)) if capture.text()]
-
-
-def named(module_name: str, qualname: str):
-    """The object `qualname` (a function, class or Class.method) of a module, imported if need be."""
-    target = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target
 
 
 def _error_output(exc: BaseException) -> dict:
