@@ -416,7 +416,8 @@ class Channel:
             raise RemoteGone("the host did not start")
 
     def request(self, op: str, target, *args, **kwargs):
-        """Ask the other side to do `op` on `target` (a Remote); answer its requests until the reply."""
+        """Ask the other side to do `op` on `target` (a Remote), and wait for its reply (the judge's side:
+        the host asks nothing)."""
         if self.broken is not None:       # a check that caught the first raise is not answered either
             raise type(self.broken)(*self.broken.args)
         with self.lock:
@@ -431,23 +432,19 @@ class Channel:
         return self._wait(call)
 
     def _wait(self, call: int):
-        while True:
-            message = self._timed_receive()
-            if "reply" in message:
-                if message["reply"] != call:
-                    raise RemoteGone("the other process answered out of turn")
-                if "error" in message:
-                    raise self.decode(message["error"])
-                return self.decode(message["value"])
-            if self.side == "T":          # the judge answers no requests: nothing of it is the host's to call
-                self.broken = OutOfTurn("the notebook's process sent the grader a request; the grader answers "
-                                        "none (only the grader asks, and the notebook's process answers)")
-                raise self.broken
-            self.answer(message)
+        message = self._timed_receive()
+        if "reply" not in message:        # the judge answers no requests: nothing of it is the host's to call
+            self.broken = OutOfTurn("the notebook's process sent the grader a request; the grader answers "
+                                    "none (only the grader asks, and the notebook's process answers)")
+            raise self.broken
+        if message["reply"] != call:
+            raise RemoteGone("the other process answered out of turn")
+        if "error" in message:
+            raise self.decode(message["error"])
+        return self.decode(message["value"])
 
     def _timed_receive(self) -> dict:
-        """The next message; with an allowance, only the time spent waiting for it is taken from the
-        allowance (answering the other side's own requests meanwhile is this side's time)."""
+        """The next message, within the allowance (what is left of it after the wait)."""
         if self.allowance is None:
             return self._receive()
         started = time.monotonic()
