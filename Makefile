@@ -48,7 +48,7 @@ CHROMIUM_CHECK = $(PY) -c "from engine.course.authoring.book import chromium_exe
 
 test: setup
 	@$(CHROMIUM_CHECK)
-	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=12
 
 # Every cell of every chapter in JupyterLab (make test runs them for chapter 2 only); CI runs this too.
 test-lab: setup
