@@ -61,15 +61,18 @@ class CheckFailed(AssertionError):
     """A check found a difference. The message says what was expected, what came back, and a hint."""
 
 
-def fail(what: str, expected: Any = None, got: Any = None, hint: str | None = None) -> NoReturn:
+def fail(what: str, expected: Any = None, got: Any = None, hint: str | Callable[[], str] | None = None) -> NoReturn:
     """Raise `CheckFailed` with a message in plain words.
 
     `what` describes the situation ("after allocate(3) on a pool of 8 blocks, num_free"); when
-    `expected` or `got` is given, the message continues "expected X, got Y".
+    `expected` or `got` is given, the message continues "expected X, got Y". A `hint` that takes work
+    to find (reading the learner's bookkeeping) can be a function: it is called only here, on a failure.
     """
     message = what
     if expected is not None or got is not None:
         message += f": expected {_show(expected)}, got {_show(got)}"
+    if callable(hint):
+        hint = hint()
     if hint:
         message += f". Hint: {hint}"
     raise CheckFailed(message)
@@ -106,7 +109,7 @@ def expect_raises(errors: type | tuple, action: Callable[[], Any], what: str, hi
 
 
 def compare_logits(got: torch.Tensor, expected: torch.Tensor, what: str, first_position: int = 0,
-                   hint: str | None = None, atol: float = ATOL) -> float:
+                   hint: str | Callable[[], str] | None = None, atol: float = ATOL) -> float:
     """Fail unless two `[n, vocab]` logit tensors agree within `atol`; return the largest difference.
 
     `first_position` is the sequence position of row 0, so the message can name the position where

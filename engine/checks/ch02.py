@@ -17,7 +17,7 @@ import torch
 from engine.cache.errors import BlockRefError, OutOfBlocks
 from engine.cache.paged import PagedKVCache
 from engine.checks import (ATOL, CheckFailed, ceil_div, check, compare_logits, expect_equal, expect_raises, fail,
-                           passed, tiny)
+                           passed, tiny, where_it_lives)
 from engine.seeded import seeded_tokens
 
 # Block sizes and lengths where slot math goes wrong: one short of a block, a full block, one past.
@@ -266,8 +266,17 @@ def _boundary_hint(pos: int, bs: int) -> str:
 # the allocator
 # --------------------------------------------------------------------------------------------------
 
+@where_it_lives
 def _refcounts(allocator, blocks) -> dict[int, int]:
+    """{block: allocator.refcount(block)}, asked where the allocator lives: in the grader one question to
+    the learner's process, not one per block."""
     return {b: allocator.refcount(b) for b in blocks}
+
+
+@where_it_lives
+def _counts_and_free(allocator, blocks) -> tuple[dict[int, int], object]:
+    """(_refcounts(allocator, blocks), allocator.num_free), read together where the allocator lives."""
+    return {b: allocator.refcount(b) for b in blocks}, allocator.num_free
 
 
 def _new(cls, num_blocks: int):
@@ -485,8 +494,9 @@ def _clash(tables: dict[int, list[int]]) -> str:
 
 
 def _compare_counts(allocator, counts: dict[int, int], log: list[str]) -> None:
+    got_counts, num_free = _counts_and_free(allocator, list(counts))
     for b, want in counts.items():
-        got = allocator.refcount(b)
+        got = got_counts[b]
         if got != want:
             recent = "; ".join(log[-3:])
             if got > want:
@@ -502,12 +512,12 @@ def _compare_counts(allocator, counts: dict[int, int], log: list[str]) -> None:
             fail(f"after step {len(log)} ({recent}): refcount({b}), the number of tables naming block {b}",
                  want, got, hint)
     free_truth = sum(1 for c in counts.values() if c == 0)
-    if allocator.num_free != free_truth:
+    if num_free != free_truth:
         fail(f"after step {len(log)} ({log[-1]}): num_free, the number of blocks no table names",
-             free_truth, allocator.num_free,
+             free_truth, num_free,
              "num_free must count exactly the blocks whose refcount is 0"
              + (": some block at refcount 0 never went back on the free list"
-                if allocator.num_free < free_truth else
+                if num_free < free_truth else
                 ": some block went back on the free list while a table still names it (release "
                 "freed it before its last owner released it)"))
 

@@ -295,7 +295,7 @@ def check_fork_then_diverge(cls, block_size: int = 4, seed: int = 0) -> None:
             n = len(new[s])
             with shows_text(lambda: continuations.shown(forked_run(cls))):
                 compare_logits(g, w[-n:], f"{stage}, sequence {s}", first_position=len(seqs[s]) - n,
-                               hint=_diagnose(cache))
+                               hint=lambda: _diagnose(cache))
 
     rng = random.Random(seed)
     # Sequence 0 ends mid-block (2bs + 2 tokens); sequence 10 ends on a block boundary (2bs tokens).
@@ -386,7 +386,7 @@ def check_parallel_sampling(cls, n: int = 4, steps: int = 6) -> None:
     for s in range(n):
         got = torch.stack(logits[s])
         compare_logits(got, want[s][len(prompt) - 1:], f"parallel sample {s} (seed {s}, tokens {samples[s]})",
-                       first_position=len(prompt) - 1, hint=_diagnose(cache))
+                       first_position=len(prompt) - 1, hint=lambda: _diagnose(cache))
     full = len(prompt) // bs
     shared = [cache.tables[0][i] for i in range(full)]
     for s in range(1, n):
