@@ -78,7 +78,7 @@ def fail(what: str, expected: Any = None, got: Any = None, hint: str | Callable[
     raise CheckFailed(message)
 
 
-def expect_equal(got: Any, expected: Any, what: str, hint: str | None = None) -> None:
+def expect_equal(got: Any, expected: Any, what: str, hint: str | Callable[[], str] | None = None) -> None:
     """Fail unless `got == expected` (lists, tuples and ints compared as plain values).
 
     Only built-in values are compared: an object with its own idea of equality (an `__eq__` that says
