@@ -110,6 +110,40 @@ def test_no_locked_reference_body_is_findable(editions, chapter):
                 assert body_text(path, name) in texts[edition / path], f"{path}::{name} should be kept"
 
 
+LEARNER_FORK = """
+import sys
+from engine.cache.paged import PagedKVCache
+from engine.checkpoint import tiny_config
+
+class Mine(PagedKVCache):                 # as a learner's cell defines it, in __main__
+    def fork(self, parent, child):
+        print("the learner's fork ran")
+
+cache = PagedKVCache(tiny_config(), 4, block_size=4)
+cache.create(0)
+if sys.argv[1] == "judge":
+    from engine.course.grading.sealed import judge
+    judge._no_notebook()
+try:
+    cache.fork(0, 1)
+except NotImplementedError as error:
+    print(type(error).__name__, error.qualname)
+"""
+
+
+def test_the_editions_judge_runs_no_learner_definition(editions):
+    """In ch04's edition PagedKVCache.fork is a stub that runs the notebook's own fork: in a notebook
+    it does, and in the judge (which runs no learner code; the host holds the learner's objects) it
+    finds nothing and says not written yet."""
+    said = {}
+    for where in ("notebook", "judge"):
+        run = subprocess.run([sys.executable, "-c", LEARNER_FORK, where], capture_output=True, text=True,
+                             cwd=EDITION / "ch04", env=dict(os.environ, PYTHONPATH=str(EDITION / "ch04")))
+        assert run.returncode == 0, run.stderr
+        said[where] = run.stdout.strip()
+    assert said == {"notebook": "the learner's fork ran", "judge": "NotWrittenYet PagedKVCache.fork"}, said
+
+
 def test_the_release_names_the_same_triton_kernels_as_the_solutions():
     """Which graded functions the judge builds from the cell's text (and launches in the kernel process)
     is read from the chapter's signatures, so a student edition, which has no solutions/, knows them too.

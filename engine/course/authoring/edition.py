@@ -70,7 +70,8 @@ def _unwritten():
 
 
 def notebook():
-    """The running notebook's names (the grader's judge points this at its copy of the learner's cells)."""
+    """The running notebook's names (the grader's judge, which runs no learner code, points this at
+    nothing: there every stub says not written yet)."""
     return getattr(sys.modules.get("__main__"), "__dict__", {})
 
 

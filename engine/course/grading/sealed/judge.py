@@ -34,18 +34,14 @@ from engine.course.grading.sealed.kernelbox import KernelBox, from_cell, sandbox
 from engine.course.grading.sealed.remote import Channel, OutOfTurn, RemoteGone, TooLarge, TooSlow
 
 
-def _edition_notebook() -> dict | None:
-    """In the student edition the judge's own engine has stubs too, which call the learner's definitions
-    from the running notebook: the judge keeps its own copy of the notebook's names for them (the
-    edition is the learner's own copy of the course, whose grader they may change anyway; the
-    instructor grades in the full repository, where the judge's engine has no stubs)."""
-    edition = sys.modules.get("engine._edition")
-    if edition is None:
-        return None
-    module = types.ModuleType("__main__")     # the learner's classes, defined as in the notebook
-    module.__dict__["__builtins__"] = builtins
-    edition.notebook = lambda: module.__dict__
-    return module.__dict__
+def _no_notebook() -> None:
+    """In the student edition a taught body of the engine is a stub that runs the learner's definition
+    from the running notebook. The judge runs none: here its stubs find no notebook (not written yet)."""
+    try:
+        from engine import _edition
+    except ImportError:
+        return
+    _edition.notebook = lambda: {}
 
 
 def main() -> None:
@@ -88,7 +84,7 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
         channel.send_plan(dict(plan, key=None))
     except RemoteGone:
         return
-    shadow = _edition_notebook()
+    _no_notebook()
     main_module = types.ModuleType("__main__")
     namespace = main_module.__dict__
     namespace["__builtins__"] = builtins
@@ -128,8 +124,6 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
                            reasons, budget, built)
             if kind == "test":
                 message["verdict"]["copied"] = likeness.copies_of_the_reference(used, graded, sources, references)
-            if shadow is not None and kind != "test":
-                _shadow_run(shadow, source, name)
         except TooSlow:
             message = {"status": "stuck", "outputs": [budget.exceeded()], "verdict": {}}
         except (TooLarge, OutOfTurn) as bound:   # past a bound, or a request: nothing earned, both restart
@@ -313,16 +307,3 @@ def _bounded(outputs: list) -> list:
         kept.append(output)
         used += size
     return kept
-
-
-def _shadow_run(shadow: dict, source: str, name: str) -> None:
-    """A cell in the edition judge's copy of the notebook, quietly (its outputs are the host's)."""
-    saved = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = _Capture()
-    try:
-        exec(compile(source, f"<shadow {name}>", "exec"), shadow)
-    except BaseException:  # noqa: BLE001 - the host reports the cell's own error
-        pass
-    finally:
-        sys.stdout, sys.stderr = saved
-
