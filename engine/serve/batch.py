@@ -35,9 +35,10 @@ class SchedulerConfig:
                              f"got {watermark!r}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Chunk:
-    """One row of the next forward: `count` tokens of `seq`, starting at position `start`."""
+    """One row of the next forward: `count` tokens of `seq`, starting at position `start`. A value, never
+    changed once made (so the grader's judge gets a step's chunks as data, in one answer)."""
 
     seq: Sequence
     start: int
