@@ -276,7 +276,7 @@ def _refcounts(allocator, blocks) -> dict[int, int]:
 @where_it_lives
 def _counts_and_free(allocator, blocks) -> tuple[dict[int, int], object]:
     """(_refcounts(allocator, blocks), allocator.num_free), read together where the allocator lives."""
-    return {b: allocator.refcount(b) for b in blocks}, allocator.num_free
+    return _refcounts(allocator, blocks), allocator.num_free
 
 
 def _new(cls, num_blocks: int):
