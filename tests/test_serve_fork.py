@@ -1,9 +1,11 @@
 """n-way parallel sampling and beam search, both built on fork + copy-on-write."""
+import dataclasses
+
 import pytest
 import torch
 
 from engine.cache.paged import PagedKVCache
-from engine.generate import scratch_logits
+from engine.generate import generate, scratch_logits
 from engine.sampling import SamplingParams
 from engine.serve.beam import beam_search
 from engine.serve.engine import Engine
@@ -40,6 +42,8 @@ def test_parallel_samples_share_the_prompt_and_equal_solo_runs(tiny):
         solo = solo_engine.add_request(PROMPT, SAMPLED, seed=seed + index)
         solo_engine.run()
         assert sample == solo.outputs[0], f"sample {index} differs from its solo run"
+        # a solo run draws what a from-scratch run draws (engine.checks.ch07 compares samples with the latter)
+        assert solo.outputs[0] == generate(tiny, [PROMPT], dataclasses.replace(SAMPLED, seed=seed + index))[0].tokens
     assert len({tuple(o) for o in request.outputs}) > 1                 # the seeds really differ
 
 
