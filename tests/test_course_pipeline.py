@@ -12,7 +12,8 @@ import pytest
 
 from engine.course.grading.autograde import autograde
 from fixtures.course_support import (BUILD, REPO, build_lock, exercise_points, expanded, grade_json, once_per_run,
-                                     possible, real_chapters, scores, with_cell_edited, write_notebook)
+                                     possible, real_chapters, sandbox_or_skip, scores, with_cell_edited,
+                                     write_notebook)
 
 # Its own group: the module's fixtures grade once, in one worker (and once_per_run makes sure of it
 # where xdist does not honour groups).
@@ -116,6 +117,7 @@ def test_a_dead_kernel_in_a_real_chapter_costs_only_that_exercise(solutions_grad
 
 
 def test_make_grade_and_nbgrader_autograde_agree(planted_folder, planted_graded, tmp_path):
+    sandbox_or_skip()                   # make autograde refuses to grade unconfined
     course = tmp_path / "course"        # a fresh gradebook: nbgrader refuses changed cells once it has submissions
     outputs = autograde(planted_folder.parent, course, list(CHAPTERS.values()))
     from nbgrader.api import Gradebook
