@@ -425,3 +425,22 @@ def test_without_a_pids_cgroup_a_fork_bomb_is_bounded_per_account(tmp_path, monk
     said = run.stdout.split()
     assert said[:1] == ["forks"] and said[2] == "11", run.stdout + run.stderr
     assert len(counted) == 1 and int(said[1]) <= LIMITS.processes + counted[0], (said, counted)
+
+
+def test_an_allocation_past_the_memory_limit_is_a_memory_error_in_its_own_cell():
+    # One process asking for more than the whole submission may hold fails at once (RLIMIT_DATA), with
+    # the bound named; the notebook's process lives on, and every other exercise keeps its points.
+    sandbox_or_skip()
+    from engine.course.grading.grade import sandboxed_grade
+    from fixtures.course_support import expanded, with_cell_edited
+    chapter = REPO / "solutions" / "ch02_block_tables.py"
+    past = f"hog = b'x' * ({Limits().memory_mb + 2048} << 20)\n"     # past the limit, within the machine's RAM
+    hog = with_cell_edited(expanded(chapter), "ch02_slot_index", lambda s: past + s)
+    path = write_notebook(hog, BUILD / "sandbox" / "memory-hog", chapter.stem)
+    grade = sandboxed_grade(path, chapter, 60)
+    got = {e.grade_id: e.earned for e in grade.exercises if e.kind == "test"}
+    full = {e.grade_id: e.possible for e in grade.exercises if e.kind == "test"}
+    assert got == dict(full, ch02_test_slot_index=0), {e.grade_id: e.message[:160] for e in grade.exercises}
+    said = " ".join(e.message for e in grade.exercises)
+    assert "more memory than the grader lets the notebook hold" in said, said[:2000]
+    assert "restarted" not in said, said[:2000]

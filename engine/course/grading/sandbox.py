@@ -28,7 +28,9 @@ the grader passes it as `wrap=` to the process it starts for a submission. Insid
 - **A deadline for the whole notebook,** enforced from outside: `timeout` (outside the sandbox, parent
   of bubblewrap) kills the sandbox's PID namespace when the notebook's time is up, restarts included;
   after that `expired` is true and `expired_message` says "the notebook ran past its N s limit".
-  Per-process CPU seconds, file size and core dumps are bounded by rlimits.
+  Per-process CPU seconds, file size, data (no more than the whole submission's memory: a huge
+  allocation is a MemoryError in its cell, not a process the OOM killer ends) and core dumps are
+  bounded by rlimits.
 - **Nothing outlives its grader.** The launcher asks Linux to kill it when the thread that started it
   ends (PR_SET_PDEATHSIG, kept through its exec of `timeout`), and bubblewrap's --die-with-parent kills
   the sandbox when `timeout` ends: a grader killed with SIGKILL takes the whole sandbox with it.
@@ -266,6 +268,10 @@ def _command(mode: str, binds: list[Path], hide: list[Path], cgroups: list[Path]
     rlimits = {"RLIMIT_CORE": 0}
     if limits is not None:
         rlimits.update(RLIMIT_CPU=limits.cpu_seconds, RLIMIT_FSIZE=limits.file_mb << 20)
+        if not os.path.exists("/dev/nvidiactl"):     # CUDA's driver maps large private regions of its own
+            # One process asking for more than the whole submission may hold gets a MemoryError at once,
+            # in its own cell, instead of filling the memory cgroup until the kernel's OOM killer ends it.
+            rlimits["RLIMIT_DATA"] = limits.memory_mb << 20
         if not any((c / "memory.max").exists() or (c / "memory.limit_in_bytes").exists() for c in cgroups):
             rlimits["RLIMIT_AS"] = limits.memory_mb << 20   # no memory cgroup: bounded per process at least
         if not any((c / "pids.max").exists() for c in cgroups):   # no pids cgroup: for the account it runs as

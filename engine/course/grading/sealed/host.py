@@ -64,8 +64,10 @@ def _stream_outputs(out: _Capture, err: _Capture) -> list[dict]:
 def _error_output(exc: BaseException) -> dict:
     try:
         ename = type(exc).__name__
-        evalue = str(exc)
+        evalue = str(exc) or _memory_bound(exc)
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        if evalue and not str(exc):       # the bound it met, on the traceback's last line too
+            lines[-1] = f"{ename}: {evalue}\n"
     except BaseException as broken:  # an exception whose __str__ misbehaves
         ename, evalue, lines = type(exc).__name__, f"(its message could not be shown: {type(broken).__name__})", []
     return {"output_type": "error", "ename": str.__str__(ename)[:200], "evalue": _cut(str.__str__(evalue)),
@@ -73,6 +75,15 @@ def _error_output(exc: BaseException) -> dict:
 
 
 MAX_LINE_CHARS = 4_000           # a traceback line (it quotes values)
+
+
+def _memory_bound(exc: BaseException) -> str:
+    """What a bare MemoryError met: the sandbox's bound on one process's data (RLIMIT_DATA), if it set one."""
+    import resource
+    limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
+    if not isinstance(exc, MemoryError) or limit == resource.RLIM_INFINITY:
+        return ""
+    return f"the cell asked for more memory than the grader lets the notebook hold ({limit >> 20:,} MiB)"
 
 
 def _cut(text: str, limit: int = MAX_STREAM_CHARS) -> str:
