@@ -29,9 +29,10 @@ import pytest
 
 from engine.course.grading import sandbox
 from engine.course.grading.autograde import autograde
+from engine.course.grading.grade import sandboxed_grade
 from engine.course.grading.sandbox import Limits
-from fixtures.course_support import (BUILD, REPO, SEALED_CHAPTER, once_per_run, sandbox_or_skip,
-                                     with_cells_added, with_solution, write_notebook)
+from fixtures.course_support import (BUILD, REPO, SEALED_CHAPTER, expanded, once_per_run, sandbox_or_skip,
+                                     with_cell_edited, with_cells_added, with_solution, write_notebook)
 from fixtures.sealed_cases import ALLOC, CASES, FULL, HOSTILE, SHARED, _solution
 
 pytestmark = [pytest.mark.slow]
@@ -431,8 +432,6 @@ def test_an_allocation_past_the_memory_limit_is_a_memory_error_in_its_own_cell()
     # One process asking for more than the whole submission may hold fails at once (RLIMIT_DATA), with
     # the bound named; the notebook's process lives on, and every other exercise keeps its points.
     sandbox_or_skip()
-    from engine.course.grading.grade import sandboxed_grade
-    from fixtures.course_support import expanded, with_cell_edited
     chapter = REPO / "solutions" / "ch02_block_tables.py"
     past = f"hog = b'x' * ({Limits().memory_mb + 2048} << 20)\n"     # past the limit, within the machine's RAM
     hog = with_cell_edited(expanded(chapter), "ch02_slot_index", lambda s: past + s)

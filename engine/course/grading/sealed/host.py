@@ -22,6 +22,7 @@ from __future__ import annotations
 import builtins
 import io
 import os
+import resource
 import signal
 import sys
 import traceback
@@ -64,9 +65,10 @@ def _stream_outputs(out: _Capture, err: _Capture) -> list[dict]:
 def _error_output(exc: BaseException) -> dict:
     try:
         ename = type(exc).__name__
-        evalue = str(exc) or _memory_bound(exc)
+        said = str(exc)
+        evalue = said or _memory_bound(exc)
         lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-        if evalue and not str(exc):       # the bound it met, on the traceback's last line too
+        if evalue != said:                # the bound it met, on the traceback's last line too
             lines[-1] = f"{ename}: {evalue}\n"
     except BaseException as broken:  # an exception whose __str__ misbehaves
         ename, evalue, lines = type(exc).__name__, f"(its message could not be shown: {type(broken).__name__})", []
@@ -79,7 +81,6 @@ MAX_LINE_CHARS = 4_000           # a traceback line (it quotes values)
 
 def _memory_bound(exc: BaseException) -> str:
     """What a bare MemoryError met: the sandbox's bound on one process's data (RLIMIT_DATA), if it set one."""
-    import resource
     limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
     if not isinstance(exc, MemoryError) or limit == resource.RLIM_INFINITY:
         return ""
