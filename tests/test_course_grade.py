@@ -58,7 +58,8 @@ def test_a_syntax_error_costs_only_the_broken_cells_tests(tmp_path, solution):
 def test_an_endless_loop_is_interrupted_and_grading_goes_on(tmp_path, solution):
     looping = with_cell_edited(solution, "triple",
                                lambda s: s.replace("return double(x) + x", "while True:\n        pass"))
-    result = grade_notebook(write_notebook(looping, tmp_path, NAME), FIXTURE_CHAPTER, TIMEOUT_S)
+    # A short limit keeps the loop short: it spins until it has used 2 s x the cores of CPU time.
+    result = grade_notebook(write_notebook(looping, tmp_path, NAME), FIXTURE_CHAPTER, 2)
     by_id = {e.grade_id: e for e in result.exercises}
     assert by_id["test_triple"].earned == 0
     assert by_id["test_triple"].message.startswith("TimeoutError: the cell used more than its")
@@ -72,7 +73,7 @@ def test_a_loop_that_ignores_interrupts_gets_a_fresh_kernel_and_later_cells_thei
         "import time\n    while True:\n        try:\n            time.sleep(0.05)\n"
         "        except KeyboardInterrupt:\n            pass")))
     # It sleeps, so only the wall-clock backstop (10 x the limit) stops it: a short limit keeps the wait short.
-    assert earned(tmp_path, stubborn, timeout=4) == losing("test_triple")
+    assert earned(tmp_path, stubborn, timeout=2) == losing("test_triple")
 
 
 @pytest.mark.slow
