@@ -99,3 +99,16 @@ def test_a_skipped_served_part_adds_no_fact_to_the_tick_line(capsys):
         raise _not_written("Cache.later")
     only_served.passed()
     assert "✓" not in capsys.readouterr().out
+
+
+REVIEW_CHECKS = [(module, name) for module in CHAPTER_MODULES for name in dir(module)
+                 if name.startswith("check_") and list(__import__("inspect").signature(
+                     getattr(module, name)).parameters) == ["answer"]]
+
+
+@pytest.mark.parametrize("module,name", REVIEW_CHECKS, ids=[f"{m.__name__[-4:]}.{n}" for m, n in REVIEW_CHECKS])
+@pytest.mark.parametrize("answer", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_no_review_question_takes_a_number_that_is_not_finite(module, name, answer):
+    # NaN compares False with everything: `if abs(answer - want) > tol: fail` would pass it.
+    with pytest.raises(checks.CheckFailed):
+        getattr(module, name)(answer)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import linecache
+import math
 import numbers
 import os
 import sys
@@ -167,12 +168,13 @@ def answered_number(answer: Any, question: str, variable: str, unit: str = "a nu
         fail(f"Review question {question} is not answered yet: set {variable} to {unit}")
     if isinstance(answer, torch.Tensor) and answer.numel() == 1:
         answer = answer.item()
-    if isinstance(answer, numbers.Real) and not isinstance(answer, bool):
-        return _plain(answer)
     try:
-        return float(answer)
+        value = _plain(answer) if isinstance(answer, numbers.Real) and not isinstance(answer, bool) else float(answer)
     except (TypeError, ValueError):
         fail(f"{question}: {variable} must be a number, got {answer!r}")
+    if not math.isfinite(value):          # NaN is "near" nothing, and compares False with everything
+        fail(f"{question}: {variable} must be a finite number, got {value!r}")
+    return value
 
 
 def review_choice(answer: Any, question: str, variable: str, right: str, praise: str,

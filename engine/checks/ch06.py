@@ -25,7 +25,8 @@ import traceback
 import torch
 
 from engine.attention import triton_installed
-from engine.checks import ATOL, Proved, ceil_div, check, compare_logits, expect_equal, fail, one_thread, passed
+from engine.checks import (ATOL, Proved, answered_number, ceil_div, check, compare_logits, expect_equal, fail,
+                           one_thread, passed)
 from engine.seeded import seeded_tokens
 
 NO_TRITON = ("Triton is not available on this platform (it ships Linux wheels only), so this kernel "
@@ -880,15 +881,14 @@ def _answered(answer, question: str, name: str) -> None:
 def check_answer_decode_bytes(answer) -> None:
     """Q1: MiB of K/V one decode step reads for a 4,096-token sequence in Qwen3-0.6B (fp16)."""
     _answered(answer, "Q1", "q1_mib")
-    want = decode_mib()
-    if not isinstance(answer, (int, float)) or abs(answer - want) > 0.01 * want:
+    value, want = answered_number(answer, "Q1", "q1_mib", "a number of MiB"), decode_mib()
+    if not abs(value - want) <= 0.01 * want:
         halves = {want / 2: "that is K alone (or V alone): a step reads both",
                   want / 28: "that is one layer: the step runs all 28",
                   want * 2: "fp16 is 2 bytes per value, not 4",
                   want / 4: "count every layer and both K and V"}
-        hint = next((h for v, h in halves.items() if isinstance(answer, (int, float))
-                     and abs(answer - v) <= 0.01 * v), "2 (K and V) x context x layers x KV heads x "
-                    "head_dim x 2 bytes, divided by 2**20")
+        hint = next((h for v, h in halves.items() if abs(value - v) <= 0.01 * v),
+                    "2 (K and V) x context x layers x KV heads x head_dim x 2 bytes, divided by 2**20")
         fail("Q1, MiB read per decode step", f"about {want:.0f}", answer, hint)
     passed(f"Q1: {want:.0f} MiB of K/V per decode step for one 4,096-token sequence")
 
