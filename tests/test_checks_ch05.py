@@ -538,3 +538,37 @@ def test_honest_styles_score_full_marks_through_the_grader():
     notebook = with_cell_edited(expanded(chapter), "ch05_evict", lambda source: source.replace(
         "            self.refresh(parent, front=True)", "            super().refresh(parent, front=True)"))
     assert_full_marks(notebook, chapter, "ch05")
+
+
+# What a learner's method can raise to claim "a later exercise is not written yet" (the grader's host
+# reports it as the student edition's error; the judge checks only that the qualname is unwritten).
+CLAIMS_EVICTABLE = ('        error = NotImplementedError("PrefixCache.evictable is yours to write later")\n'
+                    '        error.qualname = "PrefixCache.evictable"\n'
+                    '        raise error\n')
+
+
+@pytest.mark.slow
+def test_a_not_written_yet_claimed_by_the_learners_own_code_earns_nothing():
+    """From the release: attach does only what its unserved parts check and remember implements nothing;
+    both raise "evictable is not written yet" (evictable stays the release's stub). The parts the points rest
+    on are skipped on a test's first run only: on its last run (after every cell) they fail the test."""
+    import nbformat
+    from engine.course.grading.grade import grade_notebook
+    from fixtures.course_support import BUILD, REPO, with_solution, write_notebook
+    chapter = REPO / "solutions" / "ch05_prefix_caching.py"
+    release = nbformat.read(REPO / "notebooks" / f"{chapter.stem}.ipynb", as_version=4)
+    attach = ("import engine.cache.prefix\n\n\nclass PrefixCache(engine.cache.prefix.PrefixCache):\n"
+              "    def attach(self, seq, prompt, salt=None, extra_keys=()):\n"
+              "        if not prompt:\n            raise ValueError('an empty prompt')\n"
+              "        if seq == 0 and 0 not in self.cache.tables:\n"
+              "            self.cache.create(seq)\n            return 0\n" + CLAIMS_EVICTABLE +
+              "\n    def detach(self, seq):\n" + CLAIMS_EVICTABLE + "\n\nclass Attach(PrefixCache, Keys):\n    pass\n")
+    remember = ("import engine.cache.prefix\n\n\nclass PrefixCache(engine.cache.prefix.PrefixCache):\n"
+                "    def remember(self, seq, tokens, salt=None, extra_keys=()):\n" + CLAIMS_EVICTABLE +
+                "\n\nclass Remember(PrefixCache, Keys):\n    pass\n")
+    notebook = with_solution(with_solution(release, "ch05_attach", attach), "ch05_remember", remember)
+    grade = grade_notebook(write_notebook(notebook, BUILD / "claims" / "evictable", chapter.stem), chapter, 60)
+    earned = {e.grade_id: e.earned for e in grade.exercises if e.kind == "test"}
+    assert earned["ch05_test_attach"] == 0 and earned["ch05_test_remember"] == 0, earned
+    [message] = [e.message for e in grade.exercises if e.grade_id == "ch05_test_remember"]
+    assert "runs PrefixCache.evictable, which this notebook does not write" in message, message

@@ -112,3 +112,23 @@ def test_no_review_question_takes_a_number_that_is_not_finite(module, name, answ
     # NaN compares False with everything: `if abs(answer - want) > tol: fail` would pass it.
     with pytest.raises(checks.CheckFailed):
         getattr(module, name)(answer)
+
+
+def test_on_the_last_run_only_a_part_that_is_not_essential_waits_for_a_later_exercise(monkeypatch, capsys):
+    """The grader runs a skipped test again after every cell: then "not written yet" (the learner's process's
+    word) skips only a part beside what the points rest on, and a check that verified nothing fails."""
+    monkeypatch.setattr(checks, "LAST_RUN", True)
+    proved = checks.Proved("thing")
+    proved.note("checked directly")
+    with checks.served("serving it", proved, "served through the engine", essential=False):
+        raise _not_written("Cache.later")
+    proved.passed()
+    assert "✓ thing: checked directly" in capsys.readouterr().out
+    with pytest.raises(checks.CheckFailed, match="serving it runs Cache.later, which this notebook does not write"):
+        with checks.served("serving it", checks.Proved("other"), "served"):
+            raise _not_written("Cache.later")
+    nothing = checks.Proved("other")
+    with checks.served("serving it", nothing, "served", essential=False):
+        raise _not_written("Cache.later")
+    with pytest.raises(checks.CheckFailed, match="nothing of it could be checked"):
+        nothing.passed()

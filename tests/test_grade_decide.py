@@ -161,3 +161,20 @@ def test_a_malformed_or_out_of_turn_host_reply_costs_the_cell():
         assert checked["status"] == "error" and checked["malformed"], bad
     assert _checked(None, EMPTY_REPLY)["malformed"] and _checked([], EMPTY_REPLY)["malformed"]
     assert _checked({"notes": ["anything"]}, EMPTY_REPLY) == {}         # nothing in it is read
+
+
+@pytest.mark.parametrize("source", [
+    "class Evict(PrefixCache):\n    evictable = lambda self, entry: entry.refs == 1\n",
+    "class Evict(PrefixCache):\n    evictable: object = staticmethod(lambda entry: True)\n",
+    "PrefixCache.evictable = lambda self, entry: True\n",
+    "setattr(PrefixCache, 'evictable', lambda self, entry: True)\n",
+    "class Evict(PrefixCache):\n    def evictable(self, entry):\n        return True\n",
+])
+def test_a_later_exercise_bound_any_way_is_written(source):
+    # "Not written yet" lets a check skip a part: a binding the text shows, of any kind, is written.
+    assert decide.unwritten({"PrefixCache.evictable"}, [source])("PrefixCache.evictable") is False
+
+
+def test_the_releases_stub_is_not_written():
+    stub = "class Evict(PrefixCache):\n    def evictable(self, entry):\n        raise NotImplementedError()\n"
+    assert decide.unwritten({"PrefixCache.evictable"}, [stub])("PrefixCache.evictable") is True

@@ -255,8 +255,13 @@ class Proved:
         return f"{self.subject}: " + (f"{claim} ({facts})" if claim and facts else claim or facts)
 
     def passed(self, claim: str = "") -> None:
-        """Print the ✓ line; nothing when every part was skipped (served's note says why)."""
+        """Print the ✓ line; nothing when every part was skipped (served's note says why), and on the
+        grader's last run (LAST_RUN) a check that verified nothing fails."""
         if self.skipped and not self.facts:
+            if LAST_RUN:
+                fail(f"{self.subject}: nothing of it could be checked: every part needs an exercise this "
+                     f"notebook does not write ({', '.join(self.skipped)})",
+                     hint="write the later exercises of this chapter: this test checks yours through them")
             return
         passed(self.line(claim))
 
@@ -273,17 +278,31 @@ def _edition_error():
 EDITION_ERROR = _edition_error()
 
 
+# True while the grader's judge runs a test for the last time, after every cell of the notebook: a
+# part the exercise's points rest on can no longer wait for a later exercise (see served).
+LAST_RUN = False
+
+
 @contextlib.contextmanager
-def served(what: str, proved: Proved | None = None, fact: str | None = None):
+def served(what: str, proved: Proved | None = None, fact: str | None = None, essential: bool = True):
     """Around the part of a check that serves the engine through a later exercise of the chapter. In
     the student edition, while that exercise is still the learner's to write, the part is skipped
     with a note (the chapter's milestone serves everything); everywhere else it always runs. When the
-    part ran to its end, `fact` is noted in `proved`; when it was skipped, `proved` knows."""
+    part ran to its end, `fact` is noted in `proved`; when it was skipped, `proved` knows.
+
+    On the grader's last run (LAST_RUN) an `essential` part (one that checks the exercise itself, not
+    only how it serves) is skipped no more: an exercise that part needs, still not written once every
+    cell has run, fails the test. "Not written yet" is what the learner's process says, so a skip that
+    decided points would be the learner's to claim."""
     try:
         yield
     except NotImplementedError as error:
         if not _edition_stub(error):
             raise
+        if LAST_RUN and essential:
+            fail(f"{what} runs {error.qualname}, which this notebook does not write: this test checks your "
+                 "exercise through it", hint=f"write {error.qualname} (a later exercise of this chapter), "
+                 "then this test can check yours")
         print(f"(not checked yet: {what} runs {error.qualname}, yours to write later in this chapter)")
         if proved is not None:
             proved.skipped.append(what)

@@ -380,7 +380,8 @@ def _check_preempt(cls) -> None:
                 "first) and counts it in seq.preemptions and self.preemptions")
     _preempt_publishes(cls, "recompute")
     proved.note("a recompute publishes the full blocks before releasing them")
-    with served("preempting by swap"):     # swap_out is Exercise 7.3: the notebook's own cache, where written
+    # swap_out is Exercise 7.3: the notebook's own cache, where written (recompute is checked above)
+    with served("preempting by swap", essential=False):
         cache_cls = _swapping_cache(cls)
         # "auto" decides by length: preemption_mode says which, and preempt must follow it.
         for computed in (9, 10):

@@ -197,7 +197,7 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
         # defined it) runs again once every cell has run: that run decides its points.
         for cell in to_run:
             if cell.cell_type == "code" and cell_kind(cell) == "test" and _not_checked_yet(cell):
-                run = kernel.run_cell(cell.source, "test", cells.grade_id(cell), timeout)
+                run = kernel.run_cell(cell.source, "test", cells.grade_id(cell), timeout, last=True)
                 cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=AGAIN)] + run.outputs
                 _flag(flags, cell, run)
                 if not run.usable:
@@ -209,7 +209,7 @@ def run_sealed(learner, chapter_path: Path, timeout: float, cwd: Path, chapter=N
     return SealedRun(to_run, failed_above, flags, changes)
 
 
-AGAIN = "(run again after the last cell, with every exercise of the chapter written)\n"
+AGAIN = "(run again after the last cell, with every exercise this notebook writes written)\n"
 
 
 def _not_checked_yet(cell) -> bool:

@@ -401,13 +401,14 @@ class SealedKernel:
             elif self.process.poll() is not None and not self.buffer:
                 return None
 
-    def run_cell(self, source: str, kind: str, name: str | None, timeout: float) -> CellRun:
-        """Run one cell (kind: trusted | learner | test) for at most `timeout` seconds."""
+    def run_cell(self, source: str, kind: str, name: str | None, timeout: float, last: bool = False) -> CellRun:
+        """Run one cell (kind: trusted | learner | test) for at most `timeout` seconds; `last`: a test's run
+        after every cell of the notebook (engine.checks.LAST_RUN)."""
         import json
         import os
         import signal
         self.seq += 1
-        if not self._send(json.dumps({"source": source, "kind": kind, "name": name, "timeout": timeout})):
+        if not self._send(json.dumps({"source": source, "kind": kind, "name": name, "timeout": timeout, "last": last})):
             return CellRun("dead", [_error("DeadKernelError", "the grading worker had exited before this cell; "
                                            "it was restarted")], usable=False)
         # The judge holds the cell's time (the host's CPU time, and a wall-clock backstop for its

@@ -281,18 +281,38 @@ def chapter_names(source: str) -> tuple[set[str], set[str]]:
 
 
 def defined_in_text(qualname: str, sources: list[str]) -> bool:
-    """Whether a learner cell's text defines `qualname` with def: a function of that name, or, for
-    Class.method, a def of that method in any class the cells write; a def whose body is the release's
-    `raise NotImplementedError()` (a docstring before it) is not written yet."""
+    """Whether a learner cell's text defines `qualname`, however it binds it: a def of that name (for
+    Class.method, in any class the cells write), an assignment to the name (`evictable = lambda ...` in a
+    class body, `physical_slot = helper`), or to an attribute of that name (`PrefixCache.evictable = f`).
+    A def whose body is the release's `raise NotImplementedError()` (a docstring before it) is not
+    written yet. Erring towards "written" only ever runs more of a check."""
     owner, _, method = qualname.rpartition(".")
     for source in sources:
         tree = parse(source)
         for node in ast.walk(tree) if tree is not None else ():
+            if _binds_attribute(node, method):
+                return True
             body = node.body if owner and isinstance(node, ast.ClassDef) else [node] if not owner else []
-            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method
-                   and not _unwritten_body(n) for n in body):
+            if any(_binds(n, method) for n in body):
                 return True
     return False
+
+
+def _binds(node, name: str) -> bool:
+    """Whether the statement `node` defines `name`: a def that is not the release's stub, or an assignment."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return node.name == name and not _unwritten_body(node)
+    targets = node.targets if isinstance(node, ast.Assign) else \
+        [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None else []
+    return any(isinstance(t, ast.Name) and t.id == name for target in targets for t in ast.walk(target))
+
+
+def _binds_attribute(node, name: str) -> bool:
+    """Whether `node` assigns an attribute called `name` (`Cls.name = ...`, `setattr(Cls, "name", ...)`)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+        return len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value == name
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return any(isinstance(t, ast.Attribute) and t.attr == name for t in targets)
 
 
 def _unwritten_body(definition) -> bool:

@@ -113,6 +113,7 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
             built.update((k, _sandboxed(box, *from_cell(k, source))) for k in kernel_names & names_bound(source))
         elif kind == "trusted":
             notebook.chapter_cell(source)
+        last_run(job.get("last") is True and kind == "test")
         budget = Budget.of(job.get("timeout"))
         channel.allowance = budget.wall
         box.deadline = None if budget.wall is None else time.monotonic() + budget.wall
@@ -136,6 +137,13 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
         send(message)
         if message["status"] in ("dead", "stuck"):
             return
+
+
+def last_run(last: bool) -> None:
+    """Tell the checks whether this is a test's last run (engine.checks.served: a part the exercise's
+    points rest on may no longer wait for a later exercise)."""
+    import engine.checks
+    engine.checks.LAST_RUN = last
 
 
 RESTARTED = "; this test earns nothing, and the notebook's process was restarted"
