@@ -86,6 +86,14 @@ def twice(chapter: str, cell: str):
     return make
 
 
+def replacing(old: str, new: str):
+    """An edit that replaces the first `old` (which must be there) with `new`."""
+    def edit(source):
+        assert old in source, old
+        return source.replace(old, new, 1)
+    return edit
+
+
 def decorated(method: str, decorator: str):
     """Insert `decorator` above `def method(` (at its indentation)."""
     def edit(source):
@@ -144,7 +152,26 @@ VARIANTS = {
     "super() into ch03's methods in fork": ("ch04", edited("ch04", "ch04_cache", lambda s: s.replace(
         "list(self.table(parent))", "list(super().table(parent))").replace(
         "self.create(child)", "super().create(child)"))),
+    # (issue 36's later honest variants, found by an outside tester)
+    "a scratch cell binding names a function uses as locals": ("ch02", lambda: with_cells_added(
+        with_cell_edited(solution("ch02"), "ch02_physical_slot", lambda _: MY_PHYSICAL_SLOT), "ch02_physical_slot",
+        "block, offset = engine.cache.slots.physical_slot([5, 1, 7], 9, 4)\n"
+        "print(block, offset, physical_slot([5, 1, 7], 9, 4))\n")),
+    "the engine's base class named in full (__init__, an annotation)": ("ch02", edited("ch02", "ch02_allocator", (
+        replacing("class BlockAllocator(engine.cache.allocator.BlockAllocator):\n", (
+            "class BlockAllocator(engine.cache.allocator.BlockAllocator):\n"
+            "    def __init__(self, num_blocks: int) -> None:\n"
+            "        engine.cache.allocator.BlockAllocator.__init__(self, num_blocks)\n\n"
+            "    @classmethod\n    def small(cls) -> engine.cache.allocator.BlockAllocator:\n"
+            "        return cls(4)\n\n"))))),
+    "the parent's copy_on_write named in full": ("ch08", edited("ch08", "ch08_cache", replacing(
+        "PagedKVCache.copy_on_write(self, seq, index)",
+        "engine.cache.paged.PagedKVCache.copy_on_write(self, seq, index)"))),
 }
+MY_PHYSICAL_SLOT = ("def physical_slot(table, pos, block_size):\n    check_block_size(block_size)\n"
+                    "    if not 0 <= pos < len(table) * block_size:\n"
+                    "        raise IndexError(f'position {pos} is past the {len(table)} blocks of this table')\n"
+                    "    block = table[pos // block_size]\n    offset = pos % block_size\n    return block, offset\n")
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -226,5 +253,30 @@ GRADED = {
 def test_honest_variants_keep_full_marks_through_the_grader(chapter):
     path = write_notebook(GRADED[chapter](), BUILD / "honest" / chapter, CHAPTERS[chapter].stem)
     result = grade_notebook(path, CHAPTERS[chapter], 120)
+    lost = {e.grade_id: e.message for e in result.exercises if e.kind == "test" and e.earned != e.possible}
+    assert lost == {} and result.earned == result.possible > 0, lost
+
+
+# What crosses from the learner's process as it would in a plain kernel: numpy's numbers as the numbers
+# they are, a learner's own exception class as one of the class it derives from (`except OutOfBlocks`).
+NUMPY_AND_OWN_ERRORS = {
+    "ch02_yours_util": ("class PoolExhausted(OutOfBlocks):\n    pass\n\n\n"
+                        "class DoubleRelease(BlockRefError):\n    pass\n"),
+    "ch02_slot_index": ("import numpy as np\n\n\ndef slot_index(table, pos, block_size):\n"
+                        "    block, offset = physical_slot(table, pos, block_size)\n"
+                        "    return np.int64(block) * block_size + np.int64(offset)\n"),
+}
+
+
+@pytest.mark.slow
+def test_numpy_numbers_and_the_learners_own_exception_classes_keep_full_marks_through_the_grader():
+    notebook = solution("ch02")
+    for cell, source in NUMPY_AND_OWN_ERRORS.items():
+        notebook = with_cells_added(notebook, cell, source) if cell.endswith("util") else \
+            with_cell_edited(notebook, cell, lambda _, source=source: source)
+    notebook = with_cell_edited(notebook, "ch02_allocator", lambda s: replacing(
+        "raise OutOfBlocks(", "raise PoolExhausted(")(s).replace("raise BlockRefError(", "raise DoubleRelease("))
+    path = write_notebook(notebook, BUILD / "honest" / "numpy-errors", CHAPTERS["ch02"].stem)
+    result = grade_notebook(path, CHAPTERS["ch02"], 120)
     lost = {e.grade_id: e.message for e in result.exercises if e.kind == "test" and e.earned != e.possible}
     assert lost == {} and result.earned == result.possible > 0, lost

@@ -171,8 +171,7 @@ class Notebook:
                 parts = node.decorator_list + node.body
             else:
                 parts = [node]
-            todo += [(n.id, None) for part in parts for n in ast.walk(part)
-                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+            todo += [(read, None) for part in parts for read in _global_reads(part)]
             if name in names:
                 todo += [(value.id, where) for _, value, where in self._set_on(name, found)
                          if isinstance(value, ast.Name)]
@@ -232,9 +231,20 @@ class Notebook:
                     if isinstance(root, ast.Call) and isinstance(root.func, ast.Name) and root.func.id == "super":
                         if sub.attr == method and not self._notebook_base_defines(node, method):
                             found.append(f"calls the engine's own {sub.attr} (super().{sub.attr})")
-                    elif _root(root) in self.engine_names:
+                    elif _root(root) in self.engine_names and self._taught_there(sub):
                         found.append(f"calls the engine's own {sub.attr}")
         return found[0] if found else ""
+
+    def _taught_there(self, attribute: ast.Attribute) -> bool:
+        """Whether `engine....name` is a taught body: a graded function, or a graded class's taught method
+        read on that class (`...PagedKVCache.copy_on_write` in ch04). A graded class itself (its name in
+        an annotation, `...BlockAllocator.__init__(self)`) or a method of another class is not."""
+        spec = self.graded.get(attribute.attr)
+        if spec is not None:
+            return not spec.get("methods")
+        owner = attribute.value
+        named = owner.attr if isinstance(owner, ast.Attribute) else owner.id if isinstance(owner, ast.Name) else None
+        return attribute.attr in (self.graded.get(named, {}).get("methods") or ())
 
     def _notebook_base_defines(self, node: ast.ClassDef, method: str) -> bool:
         """Whether a notebook class that `node` inherits from defines `method` (super() reaches it)."""
@@ -248,6 +258,26 @@ class Notebook:
                     self._class_defines(parent, method), (ast.FunctionDef, ast.AsyncFunctionDef)):
                 return True
         return False
+
+
+def _global_reads(node, local: frozenset = frozenset()) -> list[str]:
+    """The names `node` reads from the notebook's namespace: not a parameter or a local of a function
+    in it (a scratch cell's `block` is not the `block` a method assigns)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        args = node.args
+        outside = [*getattr(node, "decorator_list", []), *args.defaults, *(d for d in args.kw_defaults if d)]
+        body = node.body if isinstance(node.body, list) else [node.body]
+        params = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a}
+        stored = {n.id for part in body for n in ast.walk(part)
+                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        shared = {name for part in body for n in ast.walk(part) if isinstance(n, (ast.Global, ast.Nonlocal))
+                  for name in n.names}
+        inner = local | params | (stored - shared)
+        return [read for part in outside for read in _global_reads(part, local)] + \
+            [read for part in body for read in _global_reads(part, inner)]
+    if isinstance(node, ast.Name):
+        return [node.id] if isinstance(node.ctx, ast.Load) and node.id not in local else []
+    return [read for child in ast.iter_child_nodes(node) for read in _global_reads(child, local)]
 
 
 def _root(node):
