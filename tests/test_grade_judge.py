@@ -4,7 +4,10 @@ The channel between them carries data only, one way (tests/test_grade_one_way.py
 compares equal only by its contents; a tensor or generator crosses as a copy (a list an attribute holds
 stays the owner's); and the host imports an engine without this chapter's reference.
 """
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -216,3 +219,12 @@ def test_a_scratch_cell_is_named_as_the_learner_sees_it():
                 nbformat.v4.new_markdown_cell("plain")]
     names = cell_names(notebook)
     assert names[id(notebook[2])] == "the 2nd code cell under '3.2 Reserve room' (print(dir(engine))  # look around)"
+
+
+def test_the_judge_holds_no_more_memory_than_its_bound():
+    # A host answering value after value (a generator of 40 MiB strings the check lists) meets this bound
+    # in the judge: a MemoryError in that test, not a judge that fills the machine.
+    code = ("from engine.course.grading.sealed import judge\njudge.bound_memory()\n"
+            "try:\n    hog = bytearray((judge.MEMORY_MB + 512) << 20)\nexcept MemoryError:\n    print('refused')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == ("refused" if not os.path.exists("/dev/nvidiactl") else ""), out.stderr

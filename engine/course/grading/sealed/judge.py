@@ -53,6 +53,7 @@ def serve(command_fd: int, result_fd: int, host_fd: int, kernel_fd: int | None =
     """Serve one grading run: the key and plan from the grader on the command pipe, signed results on
     the result pipe, the host on its socket (engine.course.grading.sealed.warm forks a judge straight into this)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    bound_memory()
     commands = os.fdopen(command_fd, "r", encoding="utf-8", closefd=True)
     results = os.fdopen(result_fd, "w", encoding="utf-8", closefd=True)
     plan = json.loads(commands.readline())
@@ -74,6 +75,18 @@ def serve(command_fd: int, result_fd: int, host_fd: int, kernel_fd: int | None =
         _serve(plan, send, commands, host_fd, box)
     finally:
         box.stop()
+
+
+MEMORY_MB = 4096                 # the judge's own data: what the host hands it is held within this
+
+
+def bound_memory() -> None:
+    """Hold this judge's data within MEMORY_MB (RLIMIT_DATA), so that a host that answers with value after
+    value fails the test that asked (a MemoryError), not the machine; not where a CUDA driver is present,
+    which maps large private regions of its own."""
+    import resource
+    if not os.path.exists("/dev/nvidiactl"):
+        resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_MB << 20, MEMORY_MB << 20))
 
 
 def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
@@ -229,6 +242,9 @@ def _run_here(channel: Channel, namespace: dict, mine: dict, graded: dict, sourc
         exec(compile(source, f"{TRUSTED_PREFIX}{name}>", "exec"), namespace)
     except RemoteGone:
         raise
+    except MemoryError:
+        status, error = "error", _plain_error("MemoryError", f"the grader's check held more than its {MEMORY_MB:,} "
+                                              "MiB of memory: what the notebook's process answered was too large")
     except BaseException as exc:  # noqa: BLE001 - a failed test, reported as its cell's error
         status, error = "error", _error_output(exc)
     finally:
