@@ -41,6 +41,20 @@ def test_a_kernel_is_launched_in_the_kernel_process_and_writes_reach_the_judges_
     assert box.process.pid != os.getpid() and box.launches == 1
 
 
+def test_a_kernel_keeps_its_cells_jit_helpers_and_constexpr_globals(box):
+    # As the engine's own kernels are written: a @triton.jit helper beside the kernel, a global
+    # annotated `tl.constexpr` (Triton's way to declare one), both in the kernel's cell.
+    cell = ("import triton\nimport triton.language as tl\n\nOFFSET: tl.constexpr = 0.5\n\n\n"
+            "@triton.jit\ndef scaled(values, by):\n    return values * by\n\n\n"
+            "def double_program(x_ptr, N: tl.constexpr):\n    i = tl.arange(0, N)\n"
+            "    tl.store(x_ptr + i, scaled(tl.load(x_ptr + i).to(tl.float32), 2) + OFFSET)\n")
+    program, why = from_cell("double_program", cell)
+    assert why == "" and program.code.co_name == "double_program"
+    x = torch.arange(4.0)
+    as_kernel(sandboxed_kernel(box, program))[(1,)](x, N=4)
+    assert x.tolist() == [0.5, 2.5, 4.5, 6.5]
+
+
 def test_a_kernel_crash_names_its_line_and_the_next_launch_works(box):
     broken = DOUBLE.replace("tl.load(x_ptr + i)", "tl.load(x_ptr + i[:, None] + tl.zeros((N, 3), tl.int32))")
     program, _ = from_cell("double_program", broken)

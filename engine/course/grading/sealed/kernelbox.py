@@ -248,7 +248,8 @@ class Program:
         self.filename = f"<kernel {name}>"
         linecache.cache[self.filename] = (len(text), None, text.splitlines(True), self.filename)
         # the function's code, compiled and never run: its source for the checks' reading of it
-        self.code = next(c for c in compile(text, self.filename, "exec").co_consts if hasattr(c, "co_code"))
+        self.code = next(c for c in compile(text, self.filename, "exec").co_consts
+                         if getattr(c, "co_name", None) == name)
 
 
 def from_cell(name: str, source: str):
