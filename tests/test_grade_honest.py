@@ -39,7 +39,7 @@ def judged(notebook, chapter: str) -> dict[str, list[str]]:
         elif kind == "trusted":
             book.chapter_cell(cell.source)
         else:
-            reasons[name] = book.reasons(sorted(names_read(cell.source) & set(graded)))
+            reasons[name] = book.reasons(book.graded_behind(names_read(cell.source)))
     return reasons
 
 

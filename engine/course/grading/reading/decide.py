@@ -177,6 +177,14 @@ class Notebook:
                          if isinstance(value, ast.Name)]
         return result
 
+    def graded_behind(self, names) -> list[str]:
+        """The graded names a test reaches through the names it reads: those it reads itself, and those a
+        notebook definition it reads is built from (ch05's `class Attach(PrefixCache, Keys)`: PrefixCache)."""
+        found = {name for name in names if name in self.graded}
+        for node in self._definitions(sorted(set(names) - found)):
+            found |= {read for read in _global_reads(node) if read in self.graded}
+        return sorted(found)
+
     def reasons(self, names: list[str]) -> list[str]:
         """Why a test of the graded `names` must not count (empty when it may)."""
         reasons = []

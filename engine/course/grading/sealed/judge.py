@@ -131,7 +131,7 @@ def _serve(plan: dict, send, commands, host_fd: int, box: "KernelBox") -> None:
         channel.allowance = budget.wall
         box.deadline = None if budget.wall is None else time.monotonic() + budget.wall
         try:
-            used = sorted(names_read(source) & set(graded))
+            used = notebook.graded_behind(names_read(source))
             reasons = notebook.reasons(used) if kind == "test" else []
             reasons += [built[k][1] for k in used if k in built and built[k][1]]
             message = _run(channel, namespace, mine, graded, source, kind, name, name in run_here,
