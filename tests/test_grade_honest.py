@@ -225,6 +225,7 @@ def test_a_graded_name_the_learner_did_not_write_is_refused(case):
     ("\n%%timeit -n 3 y = 2\nx = y\n", "\ny = 2\nx = y\n"),
     ("%timeit -n 10 -r 2 f(x)\n", "f(x)\n"),
     ("!ls -l\nfiles = !ls\n", "pass\nfiles = []\n"),
+    ("answer = %time f(37) - f(20)\n", "answer = (f(37) - f(20))\n"),       # %time gives its value
     ("%matplotlib inline\nimport torch\n", "pass\nimport torch\n"),
     ("def f():\n    %time g()\n    return 1\n", "def f():\n    g()\n    return 1\n"),
     ("%%capture out\nprint(1)\n", "\nprint(1)\n"),

@@ -171,8 +171,7 @@ def python_source(source: str) -> str:
             continue
         row = lines[node.lineno - 1].encode()
         start, end = node.col_offset, node.end_col_offset
-        replaced = _lowered_statement(node) if _magic_call(node) else ("[]" if _magic_value(node) == "getoutput"
-                                                                      else "None")
+        replaced = _lowered_statement(node) if _magic_call(node) else _lowered_value(node)
         lines[node.lineno - 1] = (row[:start] + replaced.encode() + row[end:]).decode()
     return "".join(lines)
 
@@ -185,6 +184,21 @@ def _magic_value(node) -> str | None:
             and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args):
         return node.func.attr
     return None
+
+
+def _lowered_value(call: ast.Call) -> str:
+    """A magic used as a value, as the value IPython gives it: `%time expr` is expr's value, `!cmd`'s
+    output an empty list, any other magic None."""
+    if call.func.attr == "getoutput":
+        return "[]"
+    if call.func.attr == "run_line_magic" and call.args[0].value == "time":
+        code = _MAGIC_OPTIONS.sub("", call.args[1].value).strip()
+        try:
+            ast.parse(code, mode="eval")
+            return f"({code})"
+        except SyntaxError:
+            pass
+    return "None"
 
 
 def _magic_call(node) -> str | None:
