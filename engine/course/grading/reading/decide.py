@@ -337,12 +337,10 @@ def defined_in_text(qualname: str, sources: list[str]) -> bool:
 
 
 def _binds(node, name: str) -> bool:
-    """Whether the statement `node` defines `name`: a def that is not the release's stub, or an assignment."""
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return node.name == name and not _unwritten_body(node)
-    targets = node.targets if isinstance(node, ast.Assign) else \
-        [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None else []
-    return any(isinstance(t, ast.Name) and t.id == name for target in targets for t in ast.walk(target))
+    """Whether the statement `node` binds `name` (`_binder`), other than with the release's stub def."""
+    bound = _binder(node, name)
+    return bound is not None and not (isinstance(bound, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                      and _unwritten_body(bound))
 
 
 def _binds_attribute(node, name: str) -> bool:
