@@ -4,7 +4,6 @@ The channel between them carries data only, one way (tests/test_grade_one_way.py
 compares equal only by its contents; a tensor or generator crosses as a copy (a list an attribute holds
 stays the owner's); and the host imports an engine without this chapter's reference.
 """
-import os
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from engine.course.grading.reading.names import needed_cells
+from engine.course.grading.sandbox import cuda_driver
 from engine.course.grading.sealed.remote import Channel, Remote
 from fixtures.channel_pair import served_pair
 
@@ -227,4 +227,4 @@ def test_the_judge_holds_no_more_memory_than_its_bound():
     code = ("from engine.course.grading.sealed import judge\njudge.bound_memory()\n"
             "try:\n    hog = bytearray((judge.MEMORY_MB + 512) << 20)\nexcept MemoryError:\n    print('refused')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == ("refused" if not os.path.exists("/dev/nvidiactl") else ""), out.stderr
+    assert out.stdout.strip() == ("refused" if not cuda_driver() else ""), out.stderr

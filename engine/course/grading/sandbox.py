@@ -268,7 +268,7 @@ def _command(mode: str, binds: list[Path], hide: list[Path], cgroups: list[Path]
     rlimits = {"RLIMIT_CORE": 0}
     if limits is not None:
         rlimits.update(RLIMIT_CPU=limits.cpu_seconds, RLIMIT_FSIZE=limits.file_mb << 20)
-        if not os.path.exists("/dev/nvidiactl"):     # CUDA's driver maps large private regions of its own
+        if not cuda_driver():
             # One process asking for more than the whole submission may hold gets a MemoryError at once,
             # in its own cell, instead of filling the memory cgroup until the kernel's OOM killer ends it.
             rlimits["RLIMIT_DATA"] = limits.memory_mb << 20
@@ -279,6 +279,12 @@ def _command(mode: str, binds: list[Path], hide: list[Path], cgroups: list[Path]
             rlimits["RLIMIT_NPROC"] = limits.processes + _tasks_of(uid)
     spec = {"cgroups": [str(c / "cgroup.procs") for c in cgroups], "rlimits": rlimits, "argv": command}
     return [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--launch", json.dumps(spec)]
+
+
+def cuda_driver() -> bool:
+    """Whether an NVIDIA driver is present: CUDA maps large private regions of its own, so a process there
+    gets no bound on its data (RLIMIT_DATA)."""
+    return os.path.exists("/dev/nvidiactl")
 
 
 def _sandbox_env(env: dict | None) -> dict:

@@ -14,12 +14,17 @@ from __future__ import annotations
 import ast
 
 
+def _number(value) -> bool:
+    """Whether an expression is a number written out (a constant a kernel may read)."""
+    return isinstance(value, ast.Constant) and type(value.value) in (int, float, bool)
+
+
 def _constants(tree: ast.Module) -> dict:
     """The cell's top-level NAME = number assignments (a kernel may read them as constexprs)."""
     found = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and isinstance(node.value, ast.Constant) and type(node.value.value) in (int, float, bool):
+                and _number(node.value):
             found[node.targets[0].id] = node.value.value
     return found
 
@@ -39,7 +44,7 @@ def kernel_text(name: str, source: str):
     helpers = [_as_jitted(n) for n in tree.body if isinstance(n, ast.FunctionDef) and n.name != name
                and any("jit" in ast.unparse(d) for d in n.decorator_list)]
     annotated = [n for n in tree.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
-                 and isinstance(n.value, ast.Constant) and type(n.value.value) in (int, float, bool)]
+                 and _number(n.value)]
     text = "".join(ast.unparse(n) + "\n\n" for n in [*annotated, *helpers, definition])
     return (text, _constants(tree)), ""
 

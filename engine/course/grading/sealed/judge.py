@@ -82,10 +82,12 @@ MEMORY_MB = 4096                 # the judge's own data: what the host hands it 
 
 def bound_memory() -> None:
     """Hold this judge's data within MEMORY_MB (RLIMIT_DATA), so that a host that answers with value after
-    value fails the test that asked (a MemoryError), not the machine; not where a CUDA driver is present,
-    which maps large private regions of its own."""
+    value fails the test that asked (a MemoryError), not the machine; not where a CUDA driver is present
+    (sandbox.cuda_driver)."""
     import resource
-    if not os.path.exists("/dev/nvidiactl"):
+
+    from engine.course.grading.sandbox import cuda_driver
+    if not cuda_driver():
         resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_MB << 20, MEMORY_MB << 20))
 
 
