@@ -1,5 +1,6 @@
 """Each chapter's test cells call checks that exist, and every check of a chapter's module is graded."""
 import importlib
+import inspect
 import pkgutil
 import re
 
@@ -102,8 +103,8 @@ def test_a_skipped_served_part_adds_no_fact_to_the_tick_line(capsys):
 
 
 REVIEW_CHECKS = [(module, name) for module in CHAPTER_MODULES for name in dir(module)
-                 if name.startswith("check_") and list(__import__("inspect").signature(
-                     getattr(module, name)).parameters) == ["answer"]]
+                 if name.startswith("check_")
+                 and list(inspect.signature(getattr(module, name)).parameters) == ["answer"]]
 
 
 @pytest.mark.parametrize("module,name", REVIEW_CHECKS, ids=[f"{m.__name__[-4:]}.{n}" for m, n in REVIEW_CHECKS])

@@ -260,21 +260,16 @@ def test_honest_variants_keep_full_marks_through_the_grader(chapter):
 
 # What crosses from the learner's process as it would in a plain kernel: numpy's numbers as the numbers
 # they are, a learner's own exception class as one of the class it derives from (`except OutOfBlocks`).
-NUMPY_AND_OWN_ERRORS = {
-    "ch02_yours_util": ("class PoolExhausted(OutOfBlocks):\n    pass\n\n\n"
-                        "class DoubleRelease(BlockRefError):\n    pass\n"),
-    "ch02_slot_index": ("import numpy as np\n\n\ndef slot_index(table, pos, block_size):\n"
-                        "    block, offset = physical_slot(table, pos, block_size)\n"
-                        "    return np.int64(block) * block_size + np.int64(offset)\n"),
-}
+OWN_ERRORS = "class PoolExhausted(OutOfBlocks):\n    pass\n\n\nclass DoubleRelease(BlockRefError):\n    pass\n"
+NUMPY_SLOT_INDEX = ("import numpy as np\n\n\ndef slot_index(table, pos, block_size):\n"
+                    "    block, offset = physical_slot(table, pos, block_size)\n"
+                    "    return np.int64(block) * block_size + np.int64(offset)\n")
 
 
 @pytest.mark.slow
 def test_numpy_numbers_and_the_learners_own_exception_classes_keep_full_marks_through_the_grader():
-    notebook = solution("ch02")
-    for cell, source in NUMPY_AND_OWN_ERRORS.items():
-        notebook = with_cells_added(notebook, cell, source) if cell.endswith("util") else \
-            with_cell_edited(notebook, cell, lambda _, source=source: source)
+    notebook = with_cells_added(solution("ch02"), "ch02_yours_util", OWN_ERRORS)
+    notebook = with_cell_edited(notebook, "ch02_slot_index", lambda _: NUMPY_SLOT_INDEX)
     notebook = with_cell_edited(notebook, "ch02_allocator", lambda s: replacing(
         "raise OutOfBlocks(", "raise PoolExhausted(")(s).replace("raise BlockRefError(", "raise DoubleRelease("))
     path = write_notebook(notebook, BUILD / "honest" / "numpy-errors", CHAPTERS["ch02"].stem)
